@@ -1,0 +1,350 @@
+"""The tenants file: loading, validation and the normalised config model.
+
+Owns the meaning of ``traffic-shaping.yaml``: the source design's keys
+(``tenants[].name/bandwidthGuarantee/bandwidthLimit/priority``) unchanged, and
+shaperd's extensions (``node.*``, ``tenants[].match``). Validation collects
+every problem with its field path before anything touches the kernel. Checks
+that need the node (a link's reported speed) live in the planner.
+
+Pure: reads only the file it is given.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import ConfigError, ConfigProblem
+from .units import UnitError, format_rate, parse_rate
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+CONFIGMAP_KEY = "traffic-shaping.yaml"
+# The label the source design puts on tenant pods.
+DEFAULT_POD_LABEL = "training-tenant"
+# Kubernetes label-value syntax, so a tenant name can be used as a label value.
+_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+_IFNAME_GLOB_RE = re.compile(r"^[A-Za-z0-9_.:@*?\[\]-]{1,15}$")
+
+
+@dataclass(frozen=True)
+class Match:
+    """How a tenant's packets are recognised on the uplink."""
+
+    cidrs: tuple[IPNetwork, ...] = ()
+    # Host-side interface names or globs ("cali*"): traffic that entered the node there.
+    interfaces: tuple[str, ...] = ()
+    # Kubernetes and bare-metal selectors, used by discovery (None = default label).
+    pod_labels: Mapping[str, str] | None = None
+    namespaces: tuple[str, ...] = ()
+    cgroups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    guarantee_bps: int
+    # None: may borrow up to the device's capacity.
+    limit_bps: int | None
+    # Larger is more important (source design: 100 over 50).
+    priority: int
+    match: Match = field(default_factory=Match)
+
+    def effective_pod_labels(self) -> Mapping[str, str]:
+        return self.match.pod_labels if self.match.pod_labels is not None else {DEFAULT_POD_LABEL: self.name}
+
+
+@dataclass(frozen=True)
+class Node:
+    # Names or globs of devices to shape; empty = the device of the default route.
+    interfaces: tuple[str, ...] = ()
+    # None = the link speed the kernel reports (required where none is, e.g. veth).
+    capacity_bps: int | None = None
+    # Guaranteed to traffic of no tenant (kubelet, DNS, ssh). None = the default,
+    # 1 % of capacity (see planner.DEFAULT_RESERVE_FRACTION).
+    reserve_bps: int | None = None
+    # Replace a root qdisc shaperd does not own (anything but a kernel default).
+    take_over: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    node: Node
+    tenants: tuple[Tenant, ...]
+    source: str = "<memory>"
+
+    def tenant(self, name: str) -> Tenant:
+        return next(t for t in self.tenants if t.name == name)
+
+
+# ---------------------------------------------------------------- loading
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys instead of keeping the last one."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, Any] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
+            )
+        seen[key] = True
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(source, [ConfigProblem(where, f"not valid YAML: {problem}")]) from e
+
+
+def load_file(path: str | Path) -> Config:
+    """Read and validate a tenants file (or a ConfigMap manifest holding one)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(str(p), [ConfigProblem("", f"cannot read file: {e.strerror or e}")]) from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(p), [ConfigProblem("", f"not UTF-8 text: {e}")]) from e
+    return load_text(text, str(p))
+
+
+def load_text(text: str, source: str = "<memory>") -> Config:
+    doc = _yaml(text, source)
+    prefix = ""
+    if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
+        data = doc.get("data")
+        if not isinstance(data, dict) or CONFIGMAP_KEY not in data:
+            raise ConfigError(source, [ConfigProblem("data", f"a ConfigMap needs the key {CONFIGMAP_KEY!r}")])
+        inner = data[CONFIGMAP_KEY]
+        if not isinstance(inner, str):
+            raise ConfigError(source, [ConfigProblem(f"data.{CONFIGMAP_KEY}", "expected the file as a string")])
+        prefix = f"data.{CONFIGMAP_KEY}:"
+        doc = _yaml(inner, f"{source} ({prefix[:-1]})")
+    return from_dict(doc, source, prefix)
+
+
+def from_dict(doc: Any, source: str = "<memory>", prefix: str = "") -> Config:
+    v = _Validator(prefix)
+    cfg = v.config(doc)
+    if v.problems:
+        raise ConfigError(source, v.problems)
+    assert cfg is not None
+    return Config(node=cfg.node, tenants=cfg.tenants, source=source)
+
+
+# ---------------------------------------------------------------- validation
+
+_TOP_KEYS = {"tenants", "node"}
+_NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver"}
+_TENANT_KEYS = {"name", "bandwidthGuarantee", "bandwidthLimit", "priority", "match"}
+_MATCH_KEYS = {"cidrs", "interfaces", "podLabels", "namespaces", "cgroups"}
+
+
+class _Validator:
+    """Walks the document once, recording every problem with its path."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.problems: list[ConfigProblem] = []
+
+    def bad(self, path: str, message: str) -> None:
+        self.problems.append(ConfigProblem(self.prefix + path, message))
+
+    def keys(self, obj: dict, allowed: set[str], path: str) -> None:
+        for k in obj:
+            if k not in allowed:
+                where = f"{path}.{k}" if path else str(k)
+                self.bad(where, f"unknown key; expected one of {', '.join(sorted(allowed))}")
+
+    def mapping(self, obj: Any, path: str) -> dict | None:
+        if obj is None:
+            return {}
+        if not isinstance(obj, dict):
+            self.bad(path, f"expected a mapping, got {type(obj).__name__}")
+            return None
+        return obj
+
+    def str_list(self, obj: Any, path: str) -> list[str]:
+        if obj is None:
+            return []
+        if not isinstance(obj, list) or not all(isinstance(x, str) and x for x in obj):
+            self.bad(path, "expected a list of non-empty strings")
+            return []
+        return obj
+
+    def rate(self, obj: Any, path: str, required: bool) -> int | None:
+        if obj is None:
+            if required:
+                self.bad(path, "required; expected a rate such as '40Gbps'")
+            return None
+        try:
+            return parse_rate(obj)
+        except UnitError as e:
+            self.bad(path, str(e))
+            return None
+
+    def config(self, doc: Any) -> Config | None:
+        if not isinstance(doc, dict):
+            self.bad("", f"expected a mapping with a 'tenants' list, got {type(doc).__name__}")
+            return None
+        self.keys(doc, _TOP_KEYS, "")
+        node = self.node(doc.get("node"))
+        raw = doc.get("tenants")
+        tenants: list[tuple[int, Tenant]] = []  # (index in the file, tenant) for field paths
+        if not isinstance(raw, list) or not raw:
+            self.bad("tenants", "required; expected a non-empty list of tenants")
+            raw = []
+        seen: dict[str, int] = {}
+        for i, t in enumerate(raw):
+            tenant = self.tenant(t, f"tenants[{i}]")
+            if tenant is None:
+                continue
+            if tenant.name in seen:
+                self.bad(f"tenants[{i}].name", f"duplicate tenant name {tenant.name!r} (also tenants[{seen[tenant.name]}])")
+                continue
+            seen[tenant.name] = i
+            tenants.append((i, tenant))
+        self.cross_checks(node, tenants)
+        return Config(node=node, tenants=tuple(t for _, t in tenants))
+
+    def node(self, obj: Any) -> Node:
+        m = self.mapping(obj, "node")
+        if m is None:
+            return Node()
+        self.keys(m, _NODE_KEYS, "node")
+        ifaces = self.str_list(m.get("interfaces"), "node.interfaces")
+        for j, name in enumerate(ifaces):
+            if not _IFNAME_GLOB_RE.match(name):
+                self.bad(f"node.interfaces[{j}]", f"{name!r} is not an interface name or glob (max 15 characters)")
+        take_over = m.get("takeOver", False)
+        if not isinstance(take_over, bool):
+            self.bad("node.takeOver", "expected true or false")
+            take_over = False
+        return Node(
+            interfaces=tuple(ifaces),
+            capacity_bps=self.rate(m.get("capacity"), "node.capacity", required=False),
+            reserve_bps=self.rate(m.get("reserve"), "node.reserve", required=False),
+            take_over=take_over,
+        )
+
+    def tenant(self, obj: Any, path: str) -> Tenant | None:
+        m = self.mapping(obj, path)
+        if not m:
+            if m is not None:
+                self.bad(path, "expected a tenant with name, bandwidthGuarantee and priority")
+            return None
+        before = len(self.problems)
+        self.keys(m, _TENANT_KEYS, path)
+        name = m.get("name")
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            self.bad(f"{path}.name", "required; expected 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric")
+            name = None
+        guarantee = self.rate(m.get("bandwidthGuarantee"), f"{path}.bandwidthGuarantee", required=True)
+        limit = self.rate(m.get("bandwidthLimit"), f"{path}.bandwidthLimit", required=False)
+        if guarantee is not None and limit is not None and guarantee > limit:
+            self.bad(
+                f"{path}.bandwidthGuarantee",
+                f"guarantee {format_rate(guarantee)} is above the limit {format_rate(limit)}; expected guarantee <= limit",
+            )
+        prio = m.get("priority", 0)
+        if isinstance(prio, bool) or not isinstance(prio, int) or prio < 0:
+            self.bad(f"{path}.priority", f"expected a whole number >= 0 (larger is more important), got {prio!r}")
+            prio = 0
+        match = self.match(m.get("match"), f"{path}.match")
+        if len(self.problems) != before or name is None or guarantee is None:
+            return None
+        return Tenant(name=name, guarantee_bps=guarantee, limit_bps=limit, priority=prio, match=match)
+
+    def match(self, obj: Any, path: str) -> Match:
+        m = self.mapping(obj, path)
+        if m is None:
+            return Match()
+        self.keys(m, _MATCH_KEYS, path)
+        cidrs: list[IPNetwork] = []
+        for j, c in enumerate(self.str_list(m.get("cidrs"), f"{path}.cidrs")):
+            try:
+                cidrs.append(ipaddress.ip_network(c, strict=True))
+            except ValueError as e:
+                self.bad(f"{path}.cidrs[{j}]", f"expected an IPv4 or IPv6 prefix such as 198.18.0.0/24: {e}")
+        ifaces = self.str_list(m.get("interfaces"), f"{path}.interfaces")
+        for j, name in enumerate(ifaces):
+            if not _IFNAME_GLOB_RE.match(name):
+                self.bad(f"{path}.interfaces[{j}]", f"{name!r} is not an interface name or glob (max 15 characters)")
+        labels = m.get("podLabels")
+        if labels is not None and (
+            not isinstance(labels, dict)
+            or not labels
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+        ):
+            self.bad(f"{path}.podLabels", "expected a non-empty mapping of label name to string value")
+            labels = None
+        return Match(
+            cidrs=tuple(cidrs),
+            interfaces=tuple(ifaces),
+            pod_labels=dict(labels) if labels is not None else None,
+            namespaces=tuple(self.str_list(m.get("namespaces"), f"{path}.namespaces")),
+            cgroups=tuple(self.str_list(m.get("cgroups"), f"{path}.cgroups")),
+        )
+
+    def cross_checks(self, node: Node, tenants: list[tuple[int, Tenant]]) -> None:
+        # The same prefix in two tenants cannot be classified; nested prefixes
+        # can (the most specific wins, see the README).
+        owner: dict[IPNetwork, str] = {}
+        for i, t in tenants:
+            for c in t.match.cidrs:
+                if c in owner and owner[c] != t.name:
+                    self.bad(f"tenants[{i}].match.cidrs", f"{c} is also claimed by tenant {owner[c]!r}")
+                owner.setdefault(c, t.name)
+        cap = node.capacity_bps
+        if cap is None:
+            return  # checked per device by the planner, once the link speed is known
+        if node.reserve_bps is not None and node.reserve_bps >= cap:
+            self.bad("node.reserve", f"reserve {format_rate(node.reserve_bps)} leaves nothing of node.capacity {format_rate(cap)}")
+        for i, t in tenants:
+            if t.limit_bps is not None and t.limit_bps > cap:
+                self.bad(
+                    f"tenants[{i}].bandwidthLimit",
+                    f"limit {format_rate(t.limit_bps)} is above node.capacity {format_rate(cap)}",
+                )
+        check_guarantee_sum(cap, node.reserve_bps, [t for _, t in tenants], self.bad, where="node.capacity")
+
+
+# A default class that is never starved: unless the operator sets node.reserve,
+# 1 % of capacity is kept for traffic of no tenant (kubelet, DNS, ssh).
+DEFAULT_RESERVE_FRACTION = (1, 100)
+
+
+def default_reserve_bps(capacity_bps: int) -> int:
+    num, den = DEFAULT_RESERVE_FRACTION
+    return max(1, capacity_bps * num // den)
+
+
+def check_guarantee_sum(capacity_bps: int, reserve_bps: int | None, tenants, bad, where: str) -> None:
+    """Σ guarantees + reserve must fit in capacity; shared by config and planner."""
+    reserve = reserve_bps if reserve_bps is not None else default_reserve_bps(capacity_bps)
+    total = sum(t.guarantee_bps for t in tenants)
+    if total + reserve > capacity_bps:
+        how = "node.reserve" if reserve_bps is not None else "the default reserve (1 % of capacity)"
+        bad(
+            "tenants",
+            f"the sum of guarantees {format_rate(total)} plus {how} {format_rate(reserve)} is above "
+            f"{where} {format_rate(capacity_bps)}; expected at most the capacity",
+        )
