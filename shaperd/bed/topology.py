@@ -1,0 +1,389 @@
+"""Names, addresses and lifetime of the bed's namespaces and veth pairs.
+
+Topology (one netns each, all names prefixed by a per-run id)::
+
+    pod-a  (198.18.1.2/24) --veth--+
+                                   node (ip_forward=1) --uplink veth--> wire --veth--> recv
+    pod-b  (198.18.2.2/24) --veth--+      HTB here           TBF on its egress   iperf3 -s
+
+* ``node`` is the shaped host: shaperd (or hand ``tc``) programs its uplink.
+* ``wire`` emulates the physical NIC's fixed capacity: a TBF at the link rate
+  on its egress towards ``recv``.  ACKs flow back unshaped.
+* ``recv`` runs the iperf3 servers (one port per tenant and measurement).
+
+Every veth is created directly inside its namespaces, so nothing ever appears
+in the root namespace; IPv6 is disabled in the bed's namespaces.  Teardown
+kills every process the bed started, then anything still inside its
+namespaces, then deletes the namespaces (which deletes the veths).  The
+:class:`Bed` context manager also turns SIGTERM (and SIGHUP) into an exception
+while it is active so that teardown runs on ``kill`` as well as on Ctrl-C.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .cmd import IP, TC, CommandError, run
+from .procs import ProcessRegistry
+
+log = logging.getLogger(__name__)
+
+NS_PREFIX = "shb-"
+MBIT = 1_000_000
+
+
+class BedInterrupted(BaseException):
+    """Raised inside the bed's context when SIGTERM/SIGHUP arrives."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"interrupted by signal {signum}")
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    """One tenant: shaping parameters as fractions of the link, and its pod."""
+
+    name: str            # "tenant-a"
+    short: str           # "a": used in netns/interface names
+    subnet_octet: int    # pod prefix 198.18.<octet>.0/24
+    guarantee: float     # fraction of link capacity
+    limit: float         # fraction of link capacity
+    priority: int        # shaperd priority (higher = more important)
+    port: int            # iperf3 server port in recv
+
+    @property
+    def cidr(self) -> str:
+        return f"198.18.{self.subnet_octet}.0/24"
+
+    @property
+    def pod_addr(self) -> str:
+        return f"198.18.{self.subnet_octet}.2"
+
+    @property
+    def gw_addr(self) -> str:
+        return f"198.18.{self.subnet_octet}.1"
+
+
+def default_tenants() -> tuple[TenantSpec, ...]:
+    """Tenant A: 40 %/60 %, prio 100; tenant B: 20 %/40 %, prio 50."""
+    return (
+        TenantSpec("tenant-a", "a", 1, 0.40, 0.60, 100, 5201),
+        TenantSpec("tenant-b", "b", 2, 0.20, 0.40, 50, 5202),
+    )
+
+
+@dataclass
+class BedConfig:
+    """What the bed is built with.  ``link_mbit`` is the wire's TBF rate."""
+
+    link_mbit: int = 1000
+    tenants: tuple[TenantSpec, ...] = field(default_factory=default_tenants)
+    # TBF of the emulated NIC: bucket (bytes) and queue (as time at link rate).
+    tbf_burst_bytes: int | None = None   # default: max(64 KiB + MTU, 1 ms at rate)
+    tbf_queue_ms: float = 5.0            # NIC ring/queue depth expressed in time
+    run_id: str | None = None
+
+    def tbf_burst(self) -> int:
+        if self.tbf_burst_bytes:
+            return self.tbf_burst_bytes
+        one_ms = self.link_mbit * MBIT // 8 // 1000
+        return max(65536 + 1514 * 2, one_ms)
+
+    def tbf_limit(self) -> int:
+        q = int(self.link_mbit * MBIT / 8 * self.tbf_queue_ms / 1000)
+        return max(q, 2 * self.tbf_burst())
+
+
+UPLINK_NODE = "198.18.0.1"
+UPLINK_WIRE = "198.18.0.2"
+UPLINK_PLEN = 30
+RECV_GW = "198.18.254.1"
+RECV_ADDR = "198.18.254.2"
+RECV_PLEN = 24
+
+
+class Bed:
+    """The test bed; use as ``with Bed(BedConfig()) as bed: ...``.
+
+    Attributes after :meth:`build`: ``ns`` (role -> netns name), ``uplink``
+    (shaped interface inside ``ns['node']``), ``wire_out`` (TBF interface in
+    ``ns['wire']``), ``pod_if`` (tenant short -> interface in its pod),
+    ``procs`` (the :class:`ProcessRegistry`), ``workdir`` (temp files).
+    """
+
+    def __init__(self, config: BedConfig | None = None):
+        self.config = config or BedConfig()
+        self.run_id = self.config.run_id or secrets.token_hex(3)
+        rid = self.run_id
+        self.ns: dict[str, str] = {"node": f"{NS_PREFIX}{rid}-node", "wire": f"{NS_PREFIX}{rid}-wire",
+                                   "recv": f"{NS_PREFIX}{rid}-recv"}
+        for t in self.config.tenants:
+            self.ns[f"pod-{t.short}"] = f"{NS_PREFIX}{rid}-pod-{t.short}"
+        # interface names (<= 15 chars), all carry the run id
+        self.uplink = f"up-{rid}"
+        self.wire_in = f"wi-{rid}"
+        self.wire_out = f"wo-{rid}"
+        self.recv_if = f"rx-{rid}"
+        self.pod_if = {t.short: f"p{t.short}-{rid}" for t in self.config.tenants}
+        self.node_if = {t.short: f"n{t.short}-{rid}" for t in self.config.tenants}
+        self.procs = ProcessRegistry()
+        self.workdir = f"/tmp/shaperd-bed-{rid}"
+        self.recv_addr = RECV_ADDR
+        self._built = False
+        self._torn_down = False
+        self._old_handlers: dict[int, object] = {}
+        self._teardown_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ names
+    @property
+    def link_bps(self) -> int:
+        return self.config.link_mbit * MBIT
+
+    def tenant(self, short_or_name: str) -> TenantSpec:
+        for t in self.config.tenants:
+            if short_or_name in (t.short, t.name):
+                return t
+        raise KeyError(short_or_name)
+
+    def pod_ns(self, tenant: TenantSpec | str) -> str:
+        t = tenant if isinstance(tenant, TenantSpec) else self.tenant(tenant)
+        return self.ns[f"pod-{t.short}"]
+
+    def namespaces(self) -> list[str]:
+        return list(self.ns.values())
+
+    def interfaces(self) -> list[str]:
+        return [self.uplink, self.wire_in, self.wire_out, self.recv_if,
+                *self.pod_if.values(), *self.node_if.values()]
+
+    # ------------------------------------------------------------- lifecycle
+    def __enter__(self) -> "Bed":
+        self._install_signal_handlers()
+        try:
+            self.build()
+        except BaseException:
+            self.teardown()
+            self._restore_signal_handlers()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.teardown()
+        finally:
+            self._restore_signal_handlers()
+
+    def build(self) -> None:
+        """Create namespaces, veths, addresses, routes and the wire's TBF."""
+        os.makedirs(self.workdir, exist_ok=True)
+        self._built = True  # from here on teardown has something to do
+        for ns in self.ns.values():
+            run([IP, "netns", "add", ns])
+            for key in ("net.ipv6.conf.all.disable_ipv6", "net.ipv6.conf.default.disable_ipv6"):
+                run(["sysctl", "-qw", f"{key}=1"], ns)
+            run([IP, "link", "set", "lo", "up"], ns)
+        node, wire, recv = self.ns["node"], self.ns["wire"], self.ns["recv"]
+        for t in self.config.tenants:
+            pod = self.pod_ns(t)
+            pif, nif = self.pod_if[t.short], self.node_if[t.short]
+            _veth(pif, pod, nif, node)
+            run([IP, "addr", "add", f"{t.pod_addr}/24", "dev", pif], pod)
+            run([IP, "addr", "add", f"{t.gw_addr}/24", "dev", nif], node)
+            run([IP, "link", "set", pif, "up"], pod)
+            run([IP, "link", "set", nif, "up"], node)
+            run([IP, "route", "add", "default", "via", t.gw_addr], pod)
+        _veth(self.uplink, node, self.wire_in, wire)
+        run([IP, "addr", "add", f"{UPLINK_NODE}/{UPLINK_PLEN}", "dev", self.uplink], node)
+        run([IP, "addr", "add", f"{UPLINK_WIRE}/{UPLINK_PLEN}", "dev", self.wire_in], wire)
+        _veth(self.wire_out, wire, self.recv_if, recv)
+        run([IP, "addr", "add", f"{RECV_GW}/{RECV_PLEN}", "dev", self.wire_out], wire)
+        run([IP, "addr", "add", f"{RECV_ADDR}/{RECV_PLEN}", "dev", self.recv_if], recv)
+        for ifname, ns in ((self.uplink, node), (self.wire_in, wire), (self.wire_out, wire),
+                           (self.recv_if, recv)):
+            run([IP, "link", "set", ifname, "up"], ns)
+        run([IP, "route", "add", "default", "via", UPLINK_WIRE], node)
+        for t in self.config.tenants:
+            run([IP, "route", "add", t.cidr, "via", UPLINK_NODE], wire)
+        run([IP, "route", "add", "default", "via", RECV_GW], recv)
+        for ns in (node, wire):
+            run(["sysctl", "-qw", "net.ipv4.ip_forward=1"], ns)
+        self.set_wire_rate(self.config.link_mbit)
+        log.info("bed %s built", self.run_id)
+
+    def set_wire_rate(self, mbit: int) -> None:
+        """(Re)program the wire's TBF: the emulated NIC capacity."""
+        cfg = self.config
+        run([TC, "qdisc", "replace", "dev", self.wire_out, "root", "handle", "1:", "tbf",
+             "rate", f"{mbit}mbit", "burst", str(cfg.tbf_burst()), "limit", str(cfg.tbf_limit())],
+            self.ns["wire"])
+
+    def teardown(self) -> None:
+        """Remove everything the bed made.  Idempotent, never raises on leftovers.
+
+        Signals (SIGINT/SIGTERM/SIGHUP) are ignored while this runs so a second
+        Ctrl-C cannot interrupt cleanup halfway.
+        """
+        with self._teardown_lock:
+            if self._torn_down or not self._built:
+                self._torn_down = True
+                return
+            blocked = _ignore_signals()
+            try:
+                self.procs.stop_all()
+                existing = set(list_netns())
+                for ns in self.ns.values():
+                    if ns in existing:
+                        _kill_netns_pids(ns)
+                for ns in self.ns.values():
+                    if ns in existing:
+                        try:
+                            run([IP, "netns", "del", ns])
+                        except CommandError as e:  # pragma: no cover
+                            log.warning("could not delete netns %s: %s", ns, e)
+                _rmtree(self.workdir)
+                self._torn_down = True
+                log.info("bed %s torn down", self.run_id)
+            finally:
+                _restore_signals(blocked)
+
+    def leftovers(self) -> dict[str, list]:
+        """What of this bed still exists (empty lists when teardown was total)."""
+        ns_left = [n for n in list_netns() if n in self.ns.values()]
+        links = run([IP, "-o", "link", "show"], check=False).stdout
+        if_left = [i for i in self.interfaces() if f" {i}:" in links or f" {i}@" in links]
+        procs_left = [p.pid for p in self.procs.live()]
+        procs_left += _pids_mentioning(self.run_id)
+        return {"netns": ns_left, "interfaces": if_left, "processes": sorted(set(procs_left)),
+                "workdir": [self.workdir] if os.path.exists(self.workdir) else []}
+
+    # --------------------------------------------------------------- signals
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum, frame):
+            raise BedInterrupted(signum)
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                self._old_handlers[sig] = signal.signal(sig, handler)
+            except (ValueError, OSError):  # pragma: no cover
+                pass
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, old in self._old_handlers.items():
+            try:
+                signal.signal(sig, old)  # type: ignore[arg-type]
+            except (ValueError, OSError, TypeError):  # pragma: no cover
+                pass
+        self._old_handlers.clear()
+
+    # --------------------------------------------------------------- helpers
+    def exec(self, role: str, argv: list[str], **kw):
+        """Run a short command in the namespace of *role* ('node', 'pod-a', ...)."""
+        return run(argv, self.ns[role], **kw)
+
+    def clear_node_shaping(self) -> None:
+        """Remove any root qdisc from the uplink (back to the default)."""
+        run([TC, "qdisc", "del", "dev", self.uplink, "root"], self.ns["node"], check=False)
+
+
+def _veth(a: str, ns_a: str, b: str, ns_b: str) -> None:
+    run([IP, "link", "add", a, "netns", ns_a, "type", "veth", "peer", "name", b, "netns", ns_b])
+
+
+def list_netns() -> list[str]:
+    out = run([IP, "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _kill_netns_pids(ns: str) -> None:
+    out = run([IP, "netns", "pids", ns], check=False).stdout
+    pids = [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return
+        time.sleep(0.3)
+        pids = [p for p in alive if _exists(p)]
+        if not pids:
+            return
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+
+
+def _pids_mentioning(token: str) -> list[int]:
+    """Pids whose command line mentions *token* (our run id), excluding us."""
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if token in cmdline and "pytest" not in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def _ignore_signals() -> dict[int, object]:
+    old: dict[int, object] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return old
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            old[sig] = signal.signal(sig, signal.SIG_IGN)
+        except (ValueError, OSError):  # pragma: no cover
+            pass
+    return old
+
+
+def _restore_signals(old: dict[int, object]) -> None:
+    for sig, h in old.items():
+        try:
+            signal.signal(sig, h)  # type: ignore[arg-type]
+        except (ValueError, OSError, TypeError):  # pragma: no cover
+            pass
+
+
+def _rmtree(path: str) -> None:
+    import shutil
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def stale_netns(prefix: str = NS_PREFIX) -> list[str]:
+    """Bed namespaces left by earlier runs (e.g. after SIGKILL of the bed)."""
+    return [n for n in list_netns() if n.startswith(prefix)]
+
+
+def remove_stale(prefix: str = NS_PREFIX) -> list[str]:
+    """Kill processes in and delete every namespace starting with *prefix*."""
+    removed = []
+    for ns in stale_netns(prefix):
+        _kill_netns_pids(ns)
+        run([IP, "netns", "del", ns], check=False)
+        removed.append(ns)
+    return removed
