@@ -1,0 +1,257 @@
+"""The ``shaperd`` command line: one entry point, one subcommand per job.
+
+Exit codes: 0 done (including "nothing to change"); 1 some kernel write or
+device failed (the others were still enforced); 2 bad input (tenants file,
+arguments): nothing in the kernel was changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import __version__, log
+from .config import Config, load_file
+from .errors import ConfigError, KernelError, ShaperdError
+from .planner import MAX_TENANT_PRIO, htb_prios
+from .units import format_rate
+
+DEFAULT_CONFIG = "/etc/shaperd/traffic-shaping.yaml"
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _err(msg: str) -> None:
+    print(f"shaperd: {msg}", file=sys.stderr)
+
+
+def _load(path: str) -> Config:
+    return load_file(path)
+
+
+def cmd_check_config(args) -> int:
+    cfg = _load(args.file)
+    prios = htb_prios(cfg.tenants)
+    rows = [("TENANT", "GUARANTEE", "LIMIT", "PRIORITY", "HTB PRIO", "MATCH")]
+    for t in cfg.tenants:
+        match = []
+        if t.match.cidrs:
+            match.append("cidrs=" + ",".join(map(str, t.match.cidrs)))
+        if t.match.interfaces:
+            match.append("interfaces=" + ",".join(t.match.interfaces))
+        match.append("podLabels=" + ",".join(f"{k}={v}" for k, v in t.effective_pod_labels().items()))
+        if t.match.namespaces:
+            match.append("namespaces=" + ",".join(t.match.namespaces))
+        if t.match.cgroups:
+            match.append("cgroups=" + ",".join(t.match.cgroups))
+        rows.append((t.name, format_rate(t.guarantee_bps),
+                     format_rate(t.limit_bps) if t.limit_bps else "capacity",
+                     str(t.priority), str(prios[t.name]), " ".join(match)))
+    _table(rows)
+    n = cfg.node
+    print(
+        f"\nnode: interfaces={','.join(n.interfaces) or '(default route)'} "
+        f"capacity={format_rate(n.capacity_bps) if n.capacity_bps else '(link speed)'} "
+        f"reserve={format_rate(n.reserve_bps) if n.reserve_bps else '(1% of capacity)'} takeOver={n.take_over}"
+    )
+    if len({t.priority for t in cfg.tenants}) > MAX_TENANT_PRIO + 1:
+        print(f"note: more than {MAX_TENANT_PRIO + 1} distinct priorities; the lowest share HTB prio {MAX_TENANT_PRIO}")
+    print(f"{args.file}: OK, {len(cfg.tenants)} tenant(s)")
+    return EXIT_OK
+
+
+def _table(rows) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def _reconciler(args, probe: bool = True):
+    from .kernel import tc
+    from .kernel.probe import probe_capabilities
+    from .inventory import Capabilities
+    from .reconciler import Reconciler
+
+    if probe and os.geteuid() == 0:
+        caps = probe_capabilities()
+    else:
+        # Without root nothing can be probed: plan for the common kernel set.
+        caps = Capabilities(bpf=True, leaf_kinds=frozenset({"bfifo"}),
+                            notes=("not root: capabilities assumed (htb, u32, cls_bpf, bfifo leaves)",))
+    ipr = tc.open_netlink(getattr(args, "netns", None))
+    return Reconciler(ipr, caps, take_over=getattr(args, "take_over", False), sysfs_root=args.sysfs_root)
+
+
+def _print_plan_notes(plan, caps) -> None:
+    for note in caps.notes:
+        print(f"# note: {note}")
+    for w in plan.warnings:
+        print(f"# warning: {w}")
+
+
+def _print_problems(plan) -> None:
+    for pr in plan.problems:
+        _err(f"device not shaped: {pr}")
+
+
+def cmd_plan(args) -> int:
+    from .render import render
+
+    cfg = _load(args.config)
+    rec = _reconciler(args, probe=False)
+    p = rec.plan(cfg)
+    _print_plan_notes(p, rec.capabilities)
+    print(render(p), end="")
+    _print_problems(p)
+    return EXIT_BAD_INPUT if p.problems else EXIT_OK
+
+
+def cmd_diff(args) -> int:
+    cfg = _load(args.config)
+    rec = _reconciler(args)
+    rep = rec.diff(cfg)
+    _print_outcomes(rep, planned=True)
+    return _exit(rep)
+
+
+def cmd_apply(args) -> int:
+    cfg = _load(args.config)
+    rec = _reconciler(args)
+    rep = rec.apply(cfg)
+    _print_outcomes(rep, planned=False)
+    return _exit(rep)
+
+
+def _exit(rep) -> int:
+    if rep.plan.problems:
+        return EXIT_BAD_INPUT
+    return EXIT_OK if rep.ok else EXIT_FAILED
+
+
+def _print_outcomes(rep, planned: bool) -> None:
+    for w in rep.plan.warnings:
+        print(f"warning: {w}")
+    for d in rep.devices:
+        if d.error:
+            _err(d.error)
+        if d.blocked:
+            _err(f"{d.device}: {d.blocked}")
+        for op in d.ops:
+            print(("would " if planned else "") + op.describe())
+        for op, e in d.failed:
+            _err(str(e))
+    _print_problems(rep.plan)
+    verb = "would change" if planned else "changed"
+    print(f"{rep.changes} {verb}; {len(rep.plan.devices)} device(s) planned in {rep.duration_s * 1000:.1f} ms")
+
+
+def cmd_teardown(args) -> int:
+    rec = _reconciler(args, probe=False)
+    rep = rec.teardown()
+    _print_outcomes(rep, planned=False)
+    return EXIT_OK if rep.ok else EXIT_FAILED
+
+
+def cmd_run(args) -> int:
+    from .daemon import Daemon
+
+    d = Daemon(args.config, lambda: _reconciler(args), resync_interval_s=args.resync_interval)
+    return d.run()
+
+
+def cmd_status(args) -> int:
+    from .report import status
+
+    return status.main(args)
+
+
+def cmd_demo(args) -> int:
+    from .bed import demo
+
+    return demo.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="shaperd", description=__doc__.splitlines()[0])
+    ap.add_argument("--version", action="version", version=f"shaperd {__version__}")
+    ap.add_argument("--log-json", dest="log_json", action="store_true", default=None,
+                    help="JSON log lines (default when stderr is not a terminal)")
+    ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def node_opts(p, config=True):
+        if config:
+            p.add_argument("--config", "-c", default=DEFAULT_CONFIG, help=f"tenants file (default {DEFAULT_CONFIG})")
+        p.add_argument("--netns", help=argparse.SUPPRESS)  # tests: act inside a named network namespace
+        p.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted (default /sys)")
+
+    p = sub.add_parser("check-config", help="validate a tenants file and print the normalised tenants table")
+    p.add_argument("file")
+    p.set_defaults(fn=cmd_check_config)
+
+    p = sub.add_parser("plan", help="print the desired state as equivalent tc commands (no root needed)")
+    node_opts(p)
+    p.set_defaults(fn=cmd_plan)
+
+    p = sub.add_parser("diff", help="print what apply would change on this node")
+    node_opts(p)
+    p.add_argument("--take-over", action="store_true", help="replace a root qdisc shaperd does not own")
+    p.set_defaults(fn=cmd_diff)
+
+    p = sub.add_parser("apply", help="reconcile once and exit; prints what changed")
+    node_opts(p)
+    p.add_argument("--take-over", action="store_true", help="replace a root qdisc shaperd does not own")
+    p.set_defaults(fn=cmd_apply)
+
+    p = sub.add_parser("run", help="the daemon: reconcile and keep the node in sync")
+    node_opts(p)
+    p.add_argument("--take-over", action="store_true", help="replace a root qdisc shaperd does not own")
+    p.add_argument("--resync-interval", type=float, default=30.0, metavar="SECONDS",
+                   help="periodic full reconcile that repairs drift (default 30)")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("status", help="live per-tenant class stats from the kernel")
+    node_opts(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="rate window (default 1)")
+    p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("teardown", help="remove what shaperd owns and nothing else")
+    node_opts(p, config=False)
+    p.set_defaults(fn=cmd_teardown)
+
+    p = sub.add_parser("demo", help="build a namespace test bed and measure isolation (root)")
+    try:
+        from .bed import demo
+
+        demo.add_arguments(p)
+    except ImportError:
+        pass
+    p.set_defaults(fn=cmd_demo)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    log.configure(json=args.log_json, level=args.log_level)
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        _err(str(e))
+        return EXIT_BAD_INPUT
+    except KernelError as e:
+        _err(str(e))
+        return EXIT_FAILED
+    except ShaperdError as e:
+        _err(str(e))
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

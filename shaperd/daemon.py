@@ -1,0 +1,155 @@
+"""``shaperd run``: keep the node's tc state equal to the tenants file.
+
+Reconciles at start, when the tenants file changes (polled by inode, mtime
+and size through the symlink, which also catches a ConfigMap's atomic
+``..data`` swap), on SIGHUP, when links or tc objects change (debounced),
+and on a periodic resync that repairs drift. A bad new file is rejected with
+a log line and the last good one stays enforced. SIGTERM/SIGINT end the
+loop and leave enforcement in place.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from dataclasses import dataclass
+
+from . import log
+from .config import Config, load_file
+from .errors import ConfigError, ShaperdError
+
+FILE_POLL_S = 1.0
+# Coalesce a burst of link/tc events (including the echo of our own writes) into one reconcile.
+EVENT_DEBOUNCE_S = 0.2
+# After a failed reconcile (e.g. netlink error), retry sooner than the resync period.
+RETRY_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    ino: int
+    dev: int
+    mtime_ns: int
+    size: int
+
+
+def stamp(path: str) -> FileStamp | None:
+    try:
+        st = os.stat(path)  # follows symlinks: a swapped target is a new inode
+    except OSError:
+        return None
+    return FileStamp(st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size)
+
+
+class Daemon:
+    def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0):
+        self.path = config_path
+        self.make_reconciler = make_reconciler
+        self.resync_s = resync_interval_s
+        self.log = log.get("shaperd.daemon")
+        self.config: Config | None = None
+        self.stamp: FileStamp | None = None
+        self.stop = False
+        self.reload_requested = False
+        self.failures = 0
+        self.last_ok: float | None = None
+        self.reconciles = 0
+
+    # -- signals -------------------------------------------------------
+    def _on_term(self, signum, _frame) -> None:
+        self.stop = True
+
+    def _on_hup(self, _signum, _frame) -> None:
+        self.reload_requested = True
+
+    # -- config --------------------------------------------------------
+    def load(self, why: str) -> bool:
+        """Try the file; keep the last good config on failure. True if the config changed."""
+        self.stamp = stamp(self.path)
+        try:
+            cfg = load_file(self.path)
+        except ConfigError as e:
+            self.log.error("config rejected", file=self.path, reason=why, problems=[str(p) for p in e.problems],
+                           keeping="last good config" if self.config else "nothing enforced yet")
+            return False
+        changed = cfg != self.config
+        self.config = cfg
+        self.log.info("config loaded", file=self.path, reason=why, tenants=len(cfg.tenants), changed=changed)
+        return True
+
+    # -- main loop -----------------------------------------------------
+    def run(self) -> int:
+        from .kernel.events import KernelEvents
+
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        signal.signal(signal.SIGHUP, self._on_hup)
+        rpipe, wpipe = os.pipe()
+        os.set_blocking(wpipe, False)
+        signal.set_wakeup_fd(wpipe)
+        events = KernelEvents()
+        rec = self.make_reconciler()
+        self.log.info("started", config=self.path, resync_interval_s=self.resync_s,
+                      capabilities=list(rec.capabilities.notes))
+        self.load("start")
+        due = time.monotonic()  # reconcile now
+        next_resync = due + self.resync_s
+        next_poll = time.monotonic() + FILE_POLL_S
+        try:
+            while not self.stop:
+                now = time.monotonic()
+                timeout = max(0.0, min(due if due is not None else next_resync, next_resync, next_poll) - now)
+                ready, _, _ = select.select([events, rpipe], [], [], timeout)
+                if rpipe in ready:
+                    os.read(rpipe, 4096)
+                now = time.monotonic()
+                if events in ready:
+                    links, tcs = events.drain()
+                    if links or tcs:
+                        soon = now + EVENT_DEBOUNCE_S
+                        due = soon if due is None else min(due, soon)
+                if self.reload_requested:
+                    self.reload_requested = False
+                    if self.load("SIGHUP"):
+                        due = now
+                if now >= next_poll:
+                    next_poll = now + FILE_POLL_S
+                    if stamp(self.path) != self.stamp and self.load("file changed"):
+                        due = now
+                if now >= next_resync:
+                    due = now
+                if due is not None and now >= due and not self.stop:
+                    due = self.reconcile(rec)
+                    events.drain()  # the echo of our own writes is not news
+                    next_resync = time.monotonic() + self.resync_s
+        finally:
+            signal.set_wakeup_fd(-1)
+            events.close()
+            os.close(rpipe)
+            os.close(wpipe)
+        self.log.info("stopped; enforcement left in place", reconciles=self.reconciles)
+        return 0
+
+    def reconcile(self, rec) -> float | None:
+        """One reconcile; returns when to retry (None = wait for the next trigger)."""
+        if self.config is None:
+            return None
+        self.reconciles += 1
+        try:
+            rep = rec.apply(self.config)
+        except ShaperdError as e:
+            self.failures += 1
+            delay = RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
+            self.log.error("reconcile failed", error=str(e), retry_in_s=delay)
+            return time.monotonic() + delay
+        failed = any(d.failed or d.error for d in rep.devices)
+        self.log.info("reconciled", changes=rep.changes, devices=len(rep.plan.devices),
+                      duration_ms=round(rep.duration_s * 1000, 1), ok=rep.ok)
+        if failed:
+            self.failures += 1
+            return time.monotonic() + RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
+        self.failures = 0
+        self.last_ok = time.time()
+        return None

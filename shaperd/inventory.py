@@ -1,0 +1,42 @@
+"""What is on the node, as plain data: the planner's second input.
+
+Discovery fills these in (links from netlink, speeds from sysfs, probed
+kernel capabilities); tests build them by hand. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    ifindex: int
+    kind: str = ""  # rtnetlink IFLA_INFO_KIND: "veth", "bridge", "" for physical NICs
+    speed_bps: int | None = None  # what the kernel reports; None where it reports none
+    mtu: int = 1500
+    up: bool = True
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this kernel can do, probed once at start."""
+
+    htb: bool = True
+    u32: bool = True
+    bpf: bool = False
+    # Leaf qdisc kinds available, in order of preference among those we use.
+    leaf_kinds: frozenset[str] = frozenset({"bfifo"})
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Inventory:
+    links: tuple[Link, ...] = ()
+    # Devices that carry a default route (IPv4 or IPv6), in route order.
+    default_route_devices: tuple[str, ...] = ()
+    capabilities: Capabilities = field(default_factory=Capabilities)
+
+    def link(self, name: str) -> Link | None:
+        return next((l for l in self.links if l.name == name), None)

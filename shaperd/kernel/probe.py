@@ -1,0 +1,65 @@
+"""Probe, once at start, what this kernel's traffic control offers.
+
+Runs in a throwaway network namespace so nothing on the node's own devices
+is touched: creates a veth pair there and tries each qdisc and classifier
+shaperd may use. The result decides between degrading with a warning and
+failing with a message naming the missing feature.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pyroute2 import IPRoute, netns
+from pyroute2.netlink.exceptions import NetlinkError
+
+from ..inventory import Capabilities
+from . import tc as _tc  # noqa: F401  (registers the bfifo codec)
+
+
+def probe_capabilities() -> Capabilities:
+    name = f"shaperd-probe-{os.getpid()}"
+    notes: list[str] = []
+    try:
+        netns.create(name)
+    except OSError as e:
+        # Not root, or no netns support: assume the common kernel set, say so.
+        return Capabilities(htb=True, u32=True, bpf=False, leaf_kinds=frozenset({"bfifo"}),
+                            notes=(f"capability probe skipped ({e.strerror or e}); assuming htb, u32, bfifo",))
+    try:
+        with IPRoute(netns=name) as ipr:
+            ipr.link("add", ifname="p0", kind="veth", peer="p1")
+            idx = ipr.link_lookup(ifname="p0")[0]
+            ipr.link("set", index=idx, state="up")
+            htb = _try(lambda: ipr.tc("replace", "htb", idx, 0x10000, default=0x2))
+            if not htb:
+                notes.append("sch_htb missing: shaperd cannot enforce anything on this kernel")
+                return Capabilities(htb=False, u32=False, bpf=False, leaf_kinds=frozenset(), notes=tuple(notes))
+            ipr.tc("add-class", "htb", idx, 0x10002, parent=0x10000, rate="1mbit")
+            leaf = set()
+            for kind, kw in (("fq_codel", {}), ("bfifo", {"limit": 100000})):
+                if _try(lambda: ipr.tc("replace", kind, idx, 0x20000, parent=0x10002, **kw)):
+                    leaf.add(kind)
+            u32 = _try(lambda: ipr.tc("add-filter", "u32", idx, parent=0x10000, prio=1, protocol=0x0800,
+                                      target=0x10002, keys=["0xc6120000/0xffff0000+12"]))
+        from . import bpf
+
+        bpf_ok, why = bpf.bpf_supported()
+        if not bpf_ok:
+            notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
+        if "fq_codel" not in leaf:
+            notes.append("fq_codel missing: leaf queues are bfifo sized in time at the class ceiling")
+        return Capabilities(htb=True, u32=u32, bpf=bpf_ok, leaf_kinds=frozenset(leaf), notes=tuple(notes))
+    finally:
+        try:
+            netns.remove(name)
+        except OSError:
+            pass
+
+
+def _try(fn) -> bool:
+    try:
+        fn()
+        return True
+    except (NetlinkError, OSError):
+        return False

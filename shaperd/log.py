@@ -1,0 +1,30 @@
+"""Logging set-up: structlog, JSON lines in a container, key=value on a terminal."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure(json: bool | None = None, level: str = "info") -> None:
+    """``json=None`` picks JSON when stderr is not a terminal (DaemonSet, journald)."""
+    if json is None:
+        json = not sys.stderr.isatty()
+    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get(name: str = "shaperd"):
+    return structlog.get_logger(name)

@@ -1,0 +1,123 @@
+"""``shaperd status``: live per-tenant class stats read straight from the kernel.
+
+Works with or without the daemon: it reads HTB class counters twice, a short
+window apart, and labels classes with tenant names from the tenants file
+(class ids are derived from names, so no saved state is needed). Without a
+readable tenants file, classes are shown by id.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from ..config import load_file
+from ..errors import ConfigError
+from ..planner import assign_minors
+from ..state import DEFAULT_CLASS_MINOR, HANDLE_MAJOR, ROOT_CLASS_MINOR, fmt_handle
+from ..units import format_rate
+
+
+@dataclass
+class Row:
+    device: str
+    tenant: str
+    classid: str
+    guarantee_bps: int
+    limit_bps: int
+    rate_bps: float | None  # over the window; None on the first sample
+    bytes: int
+    packets: int
+    drops: int
+    overlimits: int
+    backlog_bytes: int
+    borrowing: bool  # sending above its guarantee, on bandwidth lent by the parent
+    borrows: int
+
+
+def class_labels(config_path: str | None) -> dict[int, str]:
+    labels = {HANDLE_MAJOR << 16 | DEFAULT_CLASS_MINOR: "(default)", HANDLE_MAJOR << 16 | ROOT_CLASS_MINOR: "(root)"}
+    if not config_path:
+        return labels
+    try:
+        cfg = load_file(config_path)
+    except ConfigError:
+        return labels
+    for name, minor in assign_minors([t.name for t in cfg.tenants]).items():
+        labels[HANDLE_MAJOR << 16 | minor] = name
+    return labels
+
+
+def sample(ipr) -> dict[tuple[str, int], object]:
+    """One read of every shaperd class on every shaped device: {(device, classid): ClassStats}."""
+    from ..kernel import links, tc
+
+    names = {l.ifindex: l.name for l in links.list_links(ipr)}
+    out = {}
+    for idx in sorted(tc.owned_ifindexes(ipr)):
+        dev = names.get(idx, str(idx))
+        for cid, st in tc.read_class_stats(ipr, dev, idx).items():
+            out[(dev, cid)] = st
+    return out
+
+
+def rows(prev: dict, cur: dict, window_s: float, labels: dict[int, str]) -> list[Row]:
+    out = []
+    for (dev, cid), st in sorted(cur.items()):
+        before = prev.get((dev, cid))
+        rate = None
+        if before is not None and window_s > 0 and st.bytes >= before.bytes:
+            rate = (st.bytes - before.bytes) * 8 / window_s
+        out.append(
+            Row(
+                device=dev, tenant=labels.get(cid, "?"), classid=fmt_handle(cid),
+                guarantee_bps=st.rate_Bps * 8, limit_bps=st.ceil_Bps * 8, rate_bps=rate,
+                bytes=st.bytes, packets=st.packets, drops=st.drops, overlimits=st.overlimits,
+                backlog_bytes=st.backlog_bytes,
+                borrowing=rate is not None and rate > st.rate_Bps * 8 * 1.01 and cid & 0xFFFF != ROOT_CLASS_MINOR,
+                borrows=st.borrows,
+            )
+        )
+    return out
+
+
+def render_table(rs: list[Row]) -> str:
+    head = ("DEVICE", "TENANT", "CLASS", "GUARANTEE", "LIMIT", "RATE", "BYTES", "PACKETS", "DROPS", "OVERLIMITS", "BORROWING")
+    lines = [head]
+    for r in rs:
+        lines.append((
+            r.device, r.tenant, r.classid, format_rate(r.guarantee_bps), format_rate(r.limit_bps),
+            "-" if r.rate_bps is None else format_rate(int(r.rate_bps)),
+            str(r.bytes), str(r.packets), str(r.drops), str(r.overlimits), "yes" if r.borrowing else "no",
+        ))
+    widths = [max(len(l[i]) for l in lines) for i in range(len(head))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines)
+    if not rs:
+        text += "\n(no device carries shaperd's qdisc)"
+    return text
+
+
+def main(args) -> int:
+    from ..kernel import tc
+
+    ipr = tc.open_netlink(getattr(args, "netns", None))
+    labels = class_labels(args.config)
+    prev = sample(ipr)
+    t0 = time.monotonic()
+    while True:
+        time.sleep(args.interval)
+        cur = sample(ipr)
+        t1 = time.monotonic()
+        rs = rows(prev, cur, t1 - t0, labels)
+        if args.json:
+            print(json.dumps({"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs]}))
+        else:
+            if args.watch and sys.stdout.isatty():
+                print("\x1b[H\x1b[2J", end="")
+            print(render_table(rs))
+        sys.stdout.flush()
+        if not args.watch:
+            return 0
+        prev, t0 = cur, t1

@@ -1,0 +1,248 @@
+"""The vocabulary of kernel objects shaperd manages, as plain data.
+
+Desired state (from the planner) and observed state (from the kernel reader)
+are described with the same types, so the diff compares like with like, field
+by field, in the units the kernel stores (bytes per second, psched ticks).
+Pure: no I/O, no pyroute2.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from . import units
+
+# Root qdisc handle major: "sh" in ASCII. Fixed, so ownership is recognisable
+# from a dump alone and a restarted agent adopts its own tree.
+HANDLE_MAJOR = 0x7368
+ROOT_HANDLE = HANDLE_MAJOR << 16
+ROOT_CLASS_MINOR = 0x1
+DEFAULT_CLASS_MINOR = 0x2
+# Tenant minors are derived from the tenant name inside this range.
+TENANT_MINOR_FIRST = 0x10
+TENANT_MINOR_LAST = 0xFFF0
+
+ETH_P_IP = 0x0800
+ETH_P_IPV6 = 0x86DD
+ETH_P_ALL = 0x0003
+
+# Filter priorities (lower runs first). Interface matches are the most
+# specific statement about a packet, then source prefixes, longest first.
+PRIO_BPF_IFINDEX = 10
+PRIO_U32_V4_BASE = 1000  # + (32 - prefix length)
+PRIO_U32_V6_BASE = 2000  # + (128 - prefix length)
+
+# Root qdiscs the kernel or the distribution installs by default: shaperd may
+# replace these. Anything else belongs to someone and is left alone.
+DEFAULT_ROOT_KINDS = frozenset({"noqueue", "pfifo_fast", "mq", "fq_codel", "fq", "pfifo"})
+
+
+def classid(minor: int) -> int:
+    return ROOT_HANDLE | minor
+
+
+def fmt_handle(h: int) -> str:
+    """tc's notation: 0x73680010 -> '7368:10'."""
+    major, minor = h >> 16, h & 0xFFFF
+    return f"{major:x}:{minor:x}" if minor else f"{major:x}:"
+
+
+@dataclass(frozen=True)
+class HtbRoot:
+    """The root HTB qdisc on a device."""
+
+    handle: int = ROOT_HANDLE
+    default_minor: int = DEFAULT_CLASS_MINOR
+
+
+@dataclass(frozen=True)
+class HtbClass:
+    """One HTB class, with the kernel's own units for comparison."""
+
+    classid: int
+    parent: int
+    rate_bps: int
+    ceil_bps: int
+    burst_bytes: int
+    cburst_bytes: int
+    quantum_bytes: int
+    prio: int
+    # Label only (who this class is for); the kernel does not store it.
+    tenant: str | None = field(default=None, compare=False)
+
+    def kernel_fields(self) -> tuple:
+        """What the kernel stores and dumps back for this class."""
+        return (
+            self.parent,
+            units.bps_to_Bps(self.rate_bps),
+            units.bps_to_Bps(self.ceil_bps),
+            units.xmit_ticks(self.burst_bytes, self.rate_bps),
+            units.xmit_ticks(self.cburst_bytes, self.ceil_bps),
+            self.quantum_bytes,
+            self.prio,
+        )
+
+
+@dataclass(frozen=True)
+class ObservedClass:
+    """An HTB class as dumped by the kernel (same field order as HtbClass.kernel_fields)."""
+
+    classid: int
+    parent: int
+    rate_Bps: int
+    ceil_Bps: int
+    buffer_ticks: int
+    cbuffer_ticks: int
+    quantum_bytes: int
+    prio: int
+    leaf_handle: int = 0
+
+    def kernel_fields(self) -> tuple:
+        return (
+            self.parent,
+            self.rate_Bps,
+            self.ceil_Bps,
+            self.buffer_ticks,
+            self.cbuffer_ticks,
+            self.quantum_bytes,
+            self.prio,
+        )
+
+
+@dataclass(frozen=True)
+class LeafQdisc:
+    """The queue under a leaf class. ``limit`` is bytes for bfifo, packets otherwise."""
+
+    parent: int
+    handle: int
+    kind: str
+    limit: int
+
+
+@dataclass(frozen=True)
+class U32Key:
+    value: int
+    mask: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class U32Filter:
+    """A source-prefix match. Identity is its content; the kernel picks the node handle."""
+
+    prio: int
+    protocol: int
+    classid: int
+    keys: tuple[U32Key, ...]
+    # Label: the prefix this filter matches (rendering and logs only).
+    prefix: str = field(default="", compare=False)
+
+    @staticmethod
+    def for_prefix(net: ipaddress.IPv4Network | ipaddress.IPv6Network, cls: int) -> "U32Filter":
+        return U32Filter(
+            prio=prefix_prio(net), protocol=ETH_P_IP if net.version == 4 else ETH_P_IPV6,
+            classid=cls, keys=src_prefix_keys(net), prefix=str(net),
+        )
+
+
+@dataclass(frozen=True)
+class BpfFilter:
+    """cls_bpf classifier mapping ingress ifindex -> class; identified by program name."""
+
+    prio: int
+    name: str
+    mapping: tuple[tuple[int, int], ...] = field(compare=False)
+    # Labels: which interface names produced the mapping.
+    interfaces: tuple[str, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class ObservedFilter:
+    """A filter as dumped: enough to identify it and to delete it."""
+
+    kind: str
+    prio: int
+    protocol: int
+    handle: int
+    parent: int
+    classid: int = 0
+    keys: tuple[U32Key, ...] = ()
+    name: str = ""
+
+    def identity(self):
+        if self.kind == "u32":
+            return U32Filter(self.prio, self.protocol, self.classid, self.keys)
+        if self.kind == "bpf":
+            return BpfFilter(self.prio, self.name, ())
+        return None
+
+
+Filter = U32Filter | BpfFilter
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Everything shaperd wants on one device."""
+
+    device: str
+    ifindex: int
+    capacity_bps: int
+    root: HtbRoot
+    classes: tuple[HtbClass, ...]
+    leaves: tuple[LeafQdisc, ...]
+    filters: tuple[Filter, ...]
+    # tenant name -> classid, for reporting.
+    tenant_classes: dict[str, int] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class RootQdisc:
+    """The root qdisc found on a device."""
+
+    kind: str
+    handle: int
+    default_minor: int = 0
+
+
+@dataclass
+class DeviceState:
+    """What the kernel holds on one device, as far as shaperd cares."""
+
+    device: str
+    ifindex: int
+    root: RootQdisc | None
+    classes: dict[int, ObservedClass] = field(default_factory=dict)
+    leaves: dict[int, LeafQdisc] = field(default_factory=dict)  # by parent classid
+    filters: list[ObservedFilter] = field(default_factory=list)
+
+    @property
+    def owned(self) -> bool:
+        return self.root is not None and self.root.kind == "htb" and self.root.handle == ROOT_HANDLE
+
+
+def prefix_prio(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> int:
+    """Longest prefix first: a /32 runs before the /24 that contains it."""
+    if net.version == 4:
+        return PRIO_U32_V4_BASE + (32 - net.prefixlen)
+    return PRIO_U32_V6_BASE + (128 - net.prefixlen)
+
+
+def src_prefix_keys(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[U32Key, ...]:
+    """u32 keys matching the source address against ``net`` (offsets in the IP header)."""
+    addr = int(net.network_address)
+    plen = net.prefixlen
+    if net.version == 4:
+        if plen == 0:
+            return ()  # no key: u32 matches every packet of the protocol
+        mask = (0xFFFFFFFF << (32 - plen)) & 0xFFFFFFFF
+        return (U32Key(addr & mask, mask, 12),)
+    keys = []
+    for word in range(4):  # IPv6 source: 16 bytes at offset 8
+        bits = max(0, min(32, plen - 32 * word))
+        if bits == 0:
+            break
+        mask = (0xFFFFFFFF << (32 - bits)) & 0xFFFFFFFF
+        val = (addr >> (96 - 32 * word)) & 0xFFFFFFFF
+        keys.append(U32Key(val & mask, mask, 8 + 4 * word))
+    return tuple(keys)
