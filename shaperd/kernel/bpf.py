@@ -56,6 +56,9 @@ __all__ = [
     "load_sched_cls",
     "mov32_imm",
     "program_name",
+    "mark_setter",
+    "cgroup_classifier",
+    "TC_ACT_UNSPEC",
 ]
 
 
@@ -186,6 +189,105 @@ def program_name(mapping: Mapping[int, int]) -> str:
     for ifindex, classid in _sorted_items(mapping):
         h.update(struct.pack("<II", ifindex, classid))
     return "shpd_" + h.hexdigest()[:10]
+
+
+# --- marking pod traffic at its host-side interface --------------------------
+# A pod's packets are marked where they enter the node (clsact ingress of the
+# host-side veth). The mark survives bridging, routing, masquerade and VXLAN
+# encapsulation (same skb, same namespace), so the uplink can classify on it
+# whatever the CNI did in between. Only the bits in `mask` are written.
+
+_OFF_MARK = 8  # offsetof(struct __sk_buff, mark)
+_BPF_STX = 0x03
+_BPF_AND, _BPF_OR, _BPF_X, _BPF_CALL, _BPF_ALU64 = 0x50, 0x40, 0x08, 0x80, 0x07
+_BPF_LD, _BPF_DW, _BPF_IMM = 0x00, 0x18, 0x00
+# Direct-action verdict "no opinion": cls_bpf goes on with the next filter, so
+# other agents' programs on the same hook still run.
+TC_ACT_UNSPEC = 0xFFFFFFFF
+_FUNC_SKB_ANCESTOR_CGROUP_ID = 83
+
+
+def stx_w(dst: int, src: int, off: int) -> bytes:
+    """*(u32 *)(dst + off) = src."""
+    return _insn(_BPF_STX | _BPF_W | _BPF_MEM, dst, src, off)
+
+
+def and32_imm(dst: int, imm: int) -> bytes:
+    return _insn(_BPF_ALU | _BPF_AND | _BPF_K, dst, 0, 0, imm)
+
+
+def or32_imm(dst: int, imm: int) -> bytes:
+    return _insn(_BPF_ALU | _BPF_OR | _BPF_K, dst, 0, 0, imm)
+
+
+def mov64_reg(dst: int, src: int) -> bytes:
+    return _insn(_BPF_ALU64 | _BPF_MOV | _BPF_X, dst, src)
+
+
+def mov64_imm(dst: int, imm: int) -> bytes:
+    return _insn(_BPF_ALU64 | _BPF_MOV | _BPF_K, dst, 0, 0, imm)
+
+
+def ld_imm64(dst: int, imm: int) -> bytes:
+    """dst = imm (full 64 bits; a two-slot instruction)."""
+    if not 0 <= imm < 2**64:
+        raise ValueError(f"immediate {imm} does not fit in 64 bits")
+    return _insn(_BPF_LD | _BPF_DW | _BPF_IMM, dst, 0, 0, imm & 0xFFFFFFFF) + _insn(0, 0, 0, 0, imm >> 32)
+
+
+def jne_reg(dst: int, src: int, off: int) -> bytes:
+    return _insn(_BPF_JMP | _BPF_JNE | _BPF_X, dst, src, off)
+
+
+def call(func: int) -> bytes:
+    return _insn(_BPF_JMP | _BPF_CALL, 0, 0, 0, func)
+
+
+def mark_setter(value: int, mask: int) -> bytes:
+    """Direct-action program: skb->mark = (mark & ~mask) | value; then "no opinion"."""
+    if not 0 < mask <= 0xFFFFFFFF or value & ~mask:
+        raise ValueError(f"mark value 0x{value:x} must lie inside a non-empty mask 0x{mask:x}")
+    return b"".join([
+        ldx_w(2, 1, _OFF_MARK),
+        and32_imm(2, ~mask & 0xFFFFFFFF),
+        or32_imm(2, value),
+        stx_w(1, 2, _OFF_MARK),
+        mov32_imm(0, TC_ACT_UNSPEC),
+        exit_(),
+    ])
+
+
+def cgroup_classifier(entries) -> bytes:
+    """Classic-mode program: class of the socket's cgroup v2 ancestor, or 0.
+
+    ``entries``: (level, cgroup id, classid) triples. For each level the
+    program asks bpf_skb_ancestor_cgroup_id(skb, level) once (a pod's sockets
+    live in its containers' cgroups, below the pod cgroup we know), then
+    compares with every id at that level. Forwarded packets have no socket:
+    the helper returns 0 and nothing matches.
+    """
+    by_level: dict[int, list[tuple[int, int]]] = {}
+    for level, cgid, classid in sorted(entries):
+        if not 0 <= level < 2**31 or not 0 < cgid < 2**64:
+            raise ValueError(f"cgroup entry level={level} id={cgid} out of range")
+        if not 0 < classid < 0xFFFFFFFF or classid & 0xFFFF == 0:
+            raise ValueError(f"classid {classid!r} for cgroup {cgid} is not a usable class id")
+        by_level.setdefault(level, []).append((cgid, classid))
+    prog = [mov64_reg(6, 1)]  # r1 is clobbered by helper calls; r6 is callee-saved
+    for level, pairs in by_level.items():
+        prog += [mov64_reg(1, 6), mov64_imm(2, level), call(_FUNC_SKB_ANCESTOR_CGROUP_ID)]
+        for cgid, classid in pairs:
+            prog += [ld_imm64(3, cgid), jne_reg(0, 3, 2), mov32_imm(0, classid), exit_()]
+    prog += [mov32_imm(0, 0), exit_()]
+    code = b"".join(prog)
+    if len(code) // INSN_SIZE > _MAX_INSNS:
+        raise ValueError(f"{len(entries)} cgroup entries exceed the program size limit")
+    return code
+
+
+def named(kind: str, payload: bytes) -> str:
+    """A stable 15-char object name for a generated program: 'shpd' + kind letter + digest."""
+    return f"shpd{kind}_" + hashlib.sha256(payload).hexdigest()[:9]
 
 
 # --- loading ----------------------------------------------------------------
