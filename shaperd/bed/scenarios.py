@@ -112,6 +112,7 @@ class ScenarioResult:
     shaping: Any = None               # config dict or tc command lines
     elapsed_s: float = 0.0
     error: str | None = None
+    qdiscs: dict[str, Any] = field(default_factory=dict)  # uplink/wire counter deltas
 
     @property
     def key(self) -> str:
@@ -176,6 +177,18 @@ class Shaper:
         raise ValueError(f"unknown mode {mode!r}")
 
 
+def _measure(bed: "Bed", loads, name: str, qdiscs: dict) -> dict:
+    """measure() plus where the queue formed (uplink vs wire qdisc counters)."""
+    before = shaping.qdisc_counters(bed)
+    r = measure(bed, loads, name=name)
+    after = shaping.qdisc_counters(bed)
+    for dev, c in shaping.counters_delta(before, after).items():
+        acc = qdiscs.setdefault(dev, {"kind": c["kind"], "bytes": 0, "packets": 0, "drops": 0, "overlimits": 0})
+        for f in ("bytes", "packets", "drops", "overlimits"):
+            acc[f] += c[f]
+    return r
+
+
 # ---------------------------------------------------------------- figures
 def _figure(bed: "Bed", short: str, res: IperfResult | FloodResult, settings: Settings,
             limits: dict[str, float] | None, wants: bool, shaped: bool, offset: float = 0.0) -> TenantFigure:
@@ -212,57 +225,62 @@ def _limits_for(bed: "Bed", settings: Settings, raised: bool) -> dict[str, float
 # --------------------------------------------------------------- scenarios
 def run_alone(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResult:
     figs: dict[str, TenantFigure] = {}
+    q: dict = {}
     flows = {"a": s.flows_a, "b": s.flows_b}
     with shaper.mode(bed, mode, s) as applied:
         for t in bed.config.tenants:
-            r = measure(bed, [TcpLoad(t.short, flows.get(t.short, 4), s.duration, interval=s.interval)],
-                        name=f"alone-{t.short}-{mode}")
+            r = _measure(bed, [TcpLoad(t.short, flows.get(t.short, 4), s.duration, interval=s.interval)],
+                         f"alone-{t.short}-{mode}", q)
             figs[t.short] = _figure(bed, t.short, r[t.short], s, None, False, mode != "none")
-    return ScenarioResult("alone", mode, "each tenant alone", bed.link_bps, figs, shaping=applied)
+    return ScenarioResult("alone", mode, "each tenant alone", bed.link_bps, figs, shaping=applied, qdiscs=q)
 
 
 def run_together(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResult:
+    q: dict = {}
     with shaper.mode(bed, mode, s) as applied:
-        r = measure(bed, [TcpLoad("a", s.flows_a, s.duration, interval=s.interval),
-                          TcpLoad("b", s.flows_b, s.duration, interval=s.interval)], name=f"together-{mode}")
+        r = _measure(bed, [TcpLoad("a", s.flows_a, s.duration, interval=s.interval),
+                          TcpLoad("b", s.flows_b, s.duration, interval=s.interval)], f"together-{mode}", q)
     shaped = mode != "none"
     figs = {k: _figure(bed, k, r[k], s, None, True, shaped) for k in ("a", "b")}
     return ScenarioResult("together", mode, "together, B with 8x A's flows", bed.link_bps, figs,
-                          shaping=applied)
+                          shaping=applied, qdiscs=q)
 
 
 def run_pressure(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResult:
     limits = _limits_for(bed, s, True)
+    q: dict = {}
     with shaper.mode(bed, mode, s, raised=True) as applied:
-        r = measure(bed, [TcpLoad("a", s.flood_flows, s.duration, interval=s.interval),
-                          TcpLoad("b", s.victim_flows, s.duration, interval=s.interval)], name=f"pressure-{mode}")
+        r = _measure(bed, [TcpLoad("a", s.flood_flows, s.duration, interval=s.interval),
+                          TcpLoad("b", s.victim_flows, s.duration, interval=s.interval)], f"pressure-{mode}", q)
     shaped = mode != "none"
     figs = {k: _figure(bed, k, r[k], s, limits, True, shaped) for k in ("a", "b")}
     return ScenarioResult("pressure", mode, "limits = capacity; A floods with many flows", bed.link_bps,
-                          figs, shaping=applied)
+                          figs, shaping=applied, qdiscs=q)
 
 
 def run_udp(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResult:
     limits = _limits_for(bed, s, True)
     rate = s.udp_factor * bed.link_bps
+    q: dict = {}
     with shaper.mode(bed, mode, s, raised=True) as applied:
-        r = measure(bed, [UdpFlood("a", rate, s.duration, interval=s.interval),
-                          TcpLoad("b", s.victim_flows, s.duration, interval=s.interval)], name=f"udp-{mode}")
+        r = _measure(bed, [UdpFlood("a", rate, s.duration, interval=s.interval),
+                          TcpLoad("b", s.victim_flows, s.duration, interval=s.interval)], f"udp-{mode}", q)
     shaped = mode != "none"
     figs = {"a": _figure(bed, "a", r["a-udp"], s, limits, False, shaped),
             "b": _figure(bed, "b", r["b"], s, limits, True, shaped)}
     return ScenarioResult("udp", mode, f"A floods UDP at {s.udp_factor:g}x link; B TCP", bed.link_bps, figs,
                           extra={"udp_offered_bps": rate, "udp_sent_bps": r["a-udp"].sent_bps},
-                          shaping=applied)
+                          shaping=applied, qdiscs=q)
 
 
 def run_converge(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResult:
     limits = _limits_for(bed, s, True)
     total = s.converge_lead + s.converge_after
+    q: dict = {}
     with shaper.mode(bed, mode, s, raised=True) as applied:
-        r = measure(bed, [TcpLoad("a", s.flood_flows, total, interval=s.interval),
+        r = _measure(bed, [TcpLoad("a", s.flood_flows, total, interval=s.interval),
                           TcpLoad("b", s.victim_flows, s.converge_after, start=s.converge_lead,
-                                  interval=s.interval)], name=f"converge-{mode}")
+                                  interval=s.interval)], f"converge-{mode}", q)
     shaped = mode != "none"
     b = r["b"]
     g = bed.tenant("b").guarantee * bed.link_bps
@@ -281,22 +299,23 @@ def run_converge(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> Scenario
                                  "threshold_settle": "from then on every 0.5 s average >= 95 % (wire)",
                                  "a_wire_bps_while_b": a_during * factor if a_during else None,
                                  "b_start_offset_s": start_b},
-                          shaping=applied)
+                          shaping=applied, qdiscs=q)
 
 
 def run_latency(bed: "Bed", mode: str, s: Settings, shaper: Shaper, idle: RttStats | None = None
                 ) -> ScenarioResult:
+    q: dict = {}
     with shaper.mode(bed, mode, s) as applied:
-        r = measure(bed, [TcpLoad("a", s.flood_flows, s.duration, interval=s.interval),
-                          RttProbe("b", s.duration - 0.5, start=0.5, every=s.probe_every)],
-                    name=f"latency-{mode}")
+        r = _measure(bed, [TcpLoad("a", s.flood_flows, s.duration, interval=s.interval),
+                           RttProbe("b", s.duration - 0.5, start=0.5, every=s.probe_every)],
+                     f"latency-{mode}", q)
     shaped = mode != "none"
     figs = {"a": _figure(bed, "a", r["a"], s, None, False, shaped)}
     extra = {"rtt": r["b-ping"].to_dict()}
     if idle is not None:
         extra["idle_rtt"] = idle.to_dict()
     return ScenarioResult("latency", mode, "B's ping RTT while A saturates", bed.link_bps, figs,
-                          extra=extra, shaping=applied)
+                          extra=extra, shaping=applied, qdiscs=q)
 
 
 def idle_rtt(bed: "Bed", s: Settings, seconds: float = 1.0) -> RttStats:

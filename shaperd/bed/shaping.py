@@ -77,8 +77,18 @@ def write_config(bed: "Bed", config: dict, name: str = "tenants.yaml") -> str:
 
 
 def shaperd_cli() -> list[str]:
-    """argv prefix that runs shaperd's CLI with the bed's interpreter."""
-    return [sys.executable, "-m", "shaperd"]
+    """argv prefix that runs shaperd's CLI with the bed's interpreter.
+
+    ``python -m shaperd`` (needs ``shaperd/__main__.py``); until that module
+    exists, ``python -m shaperd.cli`` is the same entry point.
+    """
+    import importlib.util
+
+    try:
+        has_main = importlib.util.find_spec("shaperd.__main__") is not None
+    except (ImportError, ValueError):
+        has_main = False
+    return [sys.executable, "-m", "shaperd" if has_main else "shaperd.cli"]
 
 
 def shaperd_available() -> bool:
@@ -176,6 +186,47 @@ def uplink_state(bed: "Bed") -> dict[str, Any]:
     p = run([TC, "filter", "show", "dev", bed.uplink], bed.ns["node"], check=False)
     out["filter_text"] = p.stdout
     return out
+
+
+def qdisc_counters(bed: "Bed") -> dict[str, dict[str, int]]:
+    """Root-qdisc byte/packet/drop/overlimit counters of the uplink and the wire.
+
+    Where drops happen tells where the queue formed: in the node's HTB (as
+    intended) or in the wire's TBF (the emulated NIC).
+    """
+    out: dict[str, dict[str, int]] = {}
+    for name, ns, dev in (("uplink", bed.ns["node"], bed.uplink), ("wire", bed.ns["wire"], bed.wire_out)):
+        p = run([TC, "-s", "-j", "qdisc", "show", "dev", dev], ns, check=False)
+        try:
+            qs = json.loads(p.stdout or "[]")
+        except ValueError:
+            qs = []
+        tot = {"bytes": 0, "packets": 0, "drops": 0, "overlimits": 0, "kind": ""}
+        for q in qs:
+            if q.get("root"):
+                tot["kind"] = q.get("kind", "")
+            # sum over every qdisc of the device (HTB leaves hold the drops)
+            if q.get("kind") in ("noqueue",):
+                continue
+            is_root = bool(q.get("root"))
+            if is_root:
+                tot["bytes"] += int(q.get("bytes", 0))
+                tot["packets"] += int(q.get("packets", 0))
+            tot["drops"] += int(q.get("drops", 0)) if is_root else 0
+            tot["overlimits"] += int(q.get("overlimits", 0)) if is_root else 0
+        out[name] = tot
+    return out
+
+
+def counters_delta(before: dict, after: dict) -> dict[str, dict[str, Any]]:
+    d: dict[str, dict[str, Any]] = {}
+    for k, a in after.items():
+        b = before.get(k, {})
+        same = b.get("kind") == a.get("kind")
+        d[k] = {f: (a.get(f, 0) - b.get(f, 0)) if same else a.get(f, 0)
+                for f in ("bytes", "packets", "drops", "overlimits")}
+        d[k]["kind"] = a.get("kind", "")
+    return d
 
 
 def prerequisites() -> list[str]:
