@@ -19,6 +19,8 @@ from .planner import MAX_TENANT_PRIO, htb_prios
 from .units import format_rate
 
 DEFAULT_CONFIG = "/etc/shaperd/traffic-shaping.yaml"
+# Keep in sync with report.metrics.DEFAULT_METRICS_ADDRESS (not imported: prometheus_client loads only for `run`).
+DEFAULT_METRICS_ADDRESS = ":9567"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
@@ -156,7 +158,8 @@ def cmd_teardown(args) -> int:
 def cmd_run(args) -> int:
     from .daemon import Daemon
 
-    d = Daemon(args.config, lambda: _reconciler(args), resync_interval_s=args.resync_interval)
+    d = Daemon(args.config, lambda: _reconciler(args), resync_interval_s=args.resync_interval,
+               metrics_address=args.metrics_address, netns=getattr(args, "netns", None))
     return d.run()
 
 
@@ -164,6 +167,12 @@ def cmd_status(args) -> int:
     from .report import status
 
     return status.main(args)
+
+
+def cmd_top(args) -> int:
+    from .report import top
+
+    return top.main(args)
 
 
 def cmd_demo(args) -> int:
@@ -209,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--take-over", action="store_true", help="replace a root qdisc shaperd does not own")
     p.add_argument("--resync-interval", type=float, default=30.0, metavar="SECONDS",
                    help="periodic full reconcile that repairs drift (default 30)")
+    p.add_argument("--metrics-address", default=DEFAULT_METRICS_ADDRESS, metavar="HOST:PORT",
+                   help=f"serve /metrics, /healthz, /readyz here (default {DEFAULT_METRICS_ADDRESS}, "
+                        "all interfaces; empty to disable)")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("status", help="live per-tenant class stats from the kernel")
@@ -217,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="rate window (default 1)")
     p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("top", help="live per-tenant view: rate against guarantee and limit, drops, borrowing")
+    node_opts(p)
+    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default 1)")
+    p.add_argument("--once", action="store_const", const=1, dest="iterations",
+                   help="print one view (after one interval) and exit")
+    p.add_argument("-n", "--iterations", type=int, default=None, metavar="N",
+                   help="print N views and exit (default: until interrupted)")
+    p.set_defaults(fn=cmd_top)
 
     p = sub.add_parser("teardown", help="remove what shaperd owns and nothing else")
     node_opts(p, config=False)

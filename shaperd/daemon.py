@@ -6,6 +6,10 @@ and size through the symlink, which also catches a ConfigMap's atomic
 and on a periodic resync that repairs drift. A bad new file is rejected with
 a log line and the last good one stays enforced. SIGTERM/SIGINT end the
 loop and leave enforcement in place.
+
+With a metrics address, a sampler thread reads class counters every 0.5 s
+(report/sampler.py) and an HTTP thread serves /metrics, /healthz and /readyz
+(report/metrics.py, report/http.py); the loop only records what it did.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ def stamp(path: str) -> FileStamp | None:
 
 
 class Daemon:
-    def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0):
+    def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0,
+                 metrics_address: str | None = None, netns: str | None = None):
         self.path = config_path
         self.make_reconciler = make_reconciler
         self.resync_s = resync_interval_s
@@ -56,6 +61,14 @@ class Daemon:
         self.failures = 0
         self.last_ok: float | None = None
         self.reconciles = 0
+        self.metrics_address = metrics_address or None
+        self.netns = netns
+        self.metrics = None  # report.metrics.Metrics when serving
+        self.sampler = None
+        # Drift: a reconcile that changed the kernel although the config it
+        # enforces was already applied successfully once.
+        self.config_gen = 0
+        self.applied_gen: int | None = None
 
     # -- signals -------------------------------------------------------
     def _on_term(self, signum, _frame) -> None:
@@ -73,9 +86,15 @@ class Daemon:
         except ConfigError as e:
             self.log.error("config rejected", file=self.path, reason=why, problems=[str(p) for p in e.problems],
                            keeping="last good config" if self.config else "nothing enforced yet")
+            if self.metrics:
+                self.metrics.config_loaded(False)
             return False
         changed = cfg != self.config
         self.config = cfg
+        if changed:
+            self.config_gen += 1
+        if self.metrics:
+            self.metrics.config_loaded(True, cfg)
         self.log.info("config loaded", file=self.path, reason=why, tenants=len(cfg.tenants), changed=changed)
         return True
 
@@ -91,6 +110,7 @@ class Daemon:
         signal.set_wakeup_fd(wpipe)
         events = KernelEvents()
         rec = self.make_reconciler()
+        server = self._start_observability()
         self.log.info("started", config=self.path, resync_interval_s=self.resync_s,
                       capabilities=list(rec.capabilities.notes))
         self.load("start")
@@ -99,6 +119,8 @@ class Daemon:
         next_poll = time.monotonic() + FILE_POLL_S
         try:
             while not self.stop:
+                if self.metrics:
+                    self.metrics.tick()
                 now = time.monotonic()
                 timeout = max(0.0, min(due if due is not None else next_resync, next_resync, next_poll) - now)
                 ready, _, _ = select.select([events, rpipe], [], [], timeout)
@@ -125,6 +147,10 @@ class Daemon:
                     events.drain()  # the echo of our own writes is not news
                     next_resync = time.monotonic() + self.resync_s
         finally:
+            if server is not None:
+                server.stop()
+            if self.sampler is not None:
+                self.sampler.stop()
             signal.set_wakeup_fd(-1)
             events.close()
             os.close(rpipe)
@@ -137,19 +163,78 @@ class Daemon:
         if self.config is None:
             return None
         self.reconciles += 1
+        gen = self.config_gen
+        start = time.perf_counter()
         try:
             rep = rec.apply(self.config)
         except ShaperdError as e:
             self.failures += 1
             delay = RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
             self.log.error("reconcile failed", error=str(e), retry_in_s=delay)
+            if self.metrics:
+                from .report.metrics import exception_kind
+
+                self.metrics.reconciled(time.perf_counter() - start, {exception_kind(e)}, ok=False, drift=False)
             return time.monotonic() + delay
         failed = any(d.failed or d.error for d in rep.devices)
+        drift = rep.changes > 0 and self.applied_gen == gen
         self.log.info("reconciled", changes=rep.changes, devices=len(rep.plan.devices),
-                      duration_ms=round(rep.duration_s * 1000, 1), ok=rep.ok)
+                      duration_ms=round(rep.duration_s * 1000, 1), ok=rep.ok, drift_repair=drift)
+        self._observe(rep, ok=not failed, drift=drift)
         if failed:
             self.failures += 1
             return time.monotonic() + RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
         self.failures = 0
         self.last_ok = time.time()
+        self.applied_gen = gen
         return None
+
+    # -- observability -------------------------------------------------
+    def _start_observability(self):
+        """Sampler thread and HTTP endpoint, if a metrics address is set; None otherwise."""
+        if not self.metrics_address:
+            return None
+        from .report.http import MetricsServer
+        from .report.metrics import Metrics
+        from .report.sampler import Sampler
+
+        self.sampler = Sampler(_stats_reader(self.netns))
+        self.metrics = Metrics(self.sampler)
+        try:
+            server = MetricsServer(self.metrics_address, self.metrics)
+        except (OSError, ValueError) as e:
+            raise ShaperdError(f"listen on metrics address {self.metrics_address}: {getattr(e, 'strerror', None) or e}") from e
+        self.sampler.start()
+        server.start()
+        self.log.info("serving metrics", address=self.metrics_address, paths=["/metrics", "/healthz", "/readyz"])
+        return server
+
+    def _observe(self, rep, ok: bool, drift: bool) -> None:
+        if not self.metrics:
+            return
+        from .report.metrics import report_error_kinds
+        from .report.sampler import endpoints_from_plan, targets_from_plan
+
+        eps = endpoints_from_plan(self.config, rep.plan) if self.config else None
+        self.metrics.reconciled(rep.duration_s, report_error_kinds(rep), ok=ok, drift=drift, endpoints=eps)
+        if self.sampler is not None:
+            self.sampler.set_targets(targets_from_plan(rep.plan))
+
+
+def _stats_reader(netns: str | None):
+    """A read function for the sampler thread, on a netlink socket of its own (reopened after a failure)."""
+    from .kernel import tc
+    from .report.status import sample
+
+    holder: dict = {}
+
+    def read():
+        if "ipr" not in holder:
+            holder["ipr"] = tc.open_netlink(netns)
+        try:
+            return sample(holder["ipr"])
+        except Exception:
+            holder.pop("ipr").close()
+            raise
+
+    return read

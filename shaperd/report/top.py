@@ -1,0 +1,103 @@
+"""``shaperd top``: a refreshing per-tenant view of one node, read straight from the kernel.
+
+Works with or without the daemon: it samples class counters like ``shaperd
+status`` (report/status.py) and feeds them through the same accounting as
+the daemon's metrics (report/sampler.py), so "borrowed" and "below
+guarantee" mean the same thing in both places (accumulated since ``top``
+started). Guarantee and limit are what the kernel enforces (HTB rate/ceil).
+On a terminal each view replaces the last; otherwise views are printed one
+after another as plain text with no escape codes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from ..state import fmt_handle
+from ..units import format_rate
+from .sampler import Accumulator, TenantSeries, Target
+from .status import class_labels, sample
+
+BAR_WIDTH = 30
+CLEAR = "\x1b[H\x1b[2J"
+
+
+def bar(rate_bps: float | None, guarantee_bps: int, limit_bps: int, width: int = BAR_WIDTH) -> str:
+    """Rate against guarantee and limit, scaled to the limit.
+
+    ``#`` up to the guarantee, ``+`` above it (borrowed), ``.`` unused
+    headroom; ``|`` marks the guarantee where the rate has not reached it.
+    """
+    if limit_bps <= 0:
+        return "[" + "?" * width + "]"
+    filled = 0 if rate_bps is None else min(width, round(width * rate_bps / limit_bps))
+    g = min(width, round(width * guarantee_bps / limit_bps))
+    cells = []
+    for i in range(width):
+        if i < filled:
+            cells.append("#" if i < g else "+")
+        elif i == g and g < width:
+            cells.append("|")
+        else:
+            cells.append(".")
+    return "[" + "".join(cells) + "]"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1000
+    return f"{n:.1f}TB"
+
+
+def render(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, node: str = "") -> str:
+    head = ("TENANT", "DEVICE", "CLASS", "RATE", "RATE VS GUARANTEE | LIMIT", "GUARANTEE", "LIMIT", "DROPS",
+            "BACKLOG", "BORROWED", "BELOW-G")
+    lines = [head]
+    for s in series:
+        key = (s.target.device, s.target.classid)
+        lines.append((
+            s.target.tenant, s.target.device, fmt_handle(s.target.classid),
+            "-" if s.rate_bps is None else format_rate(int(s.rate_bps)),
+            bar(s.rate_bps, s.guarantee_bps, s.limit_bps),
+            format_rate(s.guarantee_bps), format_rate(s.limit_bps),
+            str(s.drops - drops_base.get(key, s.drops)), _bytes(s.backlog_bytes),
+            _bytes(s.borrowed_bytes), f"{s.below_guarantee_s:.1f}s",
+        ))
+    widths = [max(len(l[i]) for l in lines) for i in range(len(head))]
+    body = "\n".join("  ".join(c.ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines)
+    title = f"shaperd top{' ' + node if node else ''}  {time.strftime('%H:%M:%S')}  rate window {window_s:.1f}s  " \
+            "(DROPS, BORROWED and BELOW-G since top started)"
+    if not series:
+        body += "\n(no tenant class on any device: no shaperd qdisc, or no tenants file to name classes)"
+    return f"{title}\n{body}"
+
+
+def main(args) -> int:
+    from ..kernel import tc
+
+    ipr = tc.open_netlink(getattr(args, "netns", None))
+    labels = class_labels(args.config)
+    acc = Accumulator(rate_window_s=max(2.0, args.interval))
+    tty = sys.stdout.isatty()
+    drops_base: dict = {}
+    n = 0
+    try:
+        while True:
+            stats = sample(ipr)
+            targets = {k: Target(labels[k[1]], k[0], k[1]) for k in stats
+                       if k[1] in labels and not labels[k[1]].startswith("(")}
+            acc.ingest(time.monotonic(), stats, targets)
+            for s in acc.series.values():
+                drops_base.setdefault((s.target.device, s.target.classid), s.drops)
+            if n > 0 or args.iterations is None:
+                text = render(acc.view(), drops_base, acc.rate_window_s)
+                print((CLEAR if tty else "") + text + ("" if tty else "\n"), flush=True)
+            if n > 0 and args.iterations is not None and n >= args.iterations:
+                return 0
+            n += 1
+            time.sleep(args.interval)
+    finally:
+        ipr.close()
