@@ -1,0 +1,120 @@
+"""The Grafana dashboard and the Prometheus rules only use metrics the daemon exposes."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from shaperd.config import load_text
+from shaperd.report.metrics import Metrics
+from shaperd.report.sampler import Sampler, Target
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "grafana" / "shaperd-dashboard.json"
+RULES = ROOT / "deploy" / "prometheus" / "shaperd-alerts.yaml"
+NAME_RE = re.compile(r"\bshaperd_[a-z0-9_]+\b")
+DURATION_RE = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+
+
+@dataclass(frozen=True)
+class _C:
+    bytes: int = 1000
+    packets: int = 1
+    drops: int = 0
+    overlimits: int = 0
+    backlog_bytes: int = 0
+    qlen: int = 0
+    rate_Bps: int = 1000
+    ceil_Bps: int = 2000
+
+
+def exposed_names() -> set[str]:
+    """Every sample name a daemon with a config, a reconcile and two samples exposes."""
+    key = ("eth0", 0x73680010)
+    s = Sampler(lambda: {key: _C()})
+    s.set_targets({key: Target("a", "eth0", key[1], 8000, 16000)})
+    s.sample_once()
+    s.sample_once()
+    m = Metrics(s, CollectorRegistry())
+    cfg = load_text("tenants: [{name: a, bandwidthGuarantee: 1Gbps, priority: 1}]")
+    m.config_loaded(True, cfg)
+    m.config_loaded(False)
+    m.reconciled(0.01, {"plan"}, ok=True, drift=False, endpoints={"a": {"cidr": 1, "interface": 0}})
+    names = set()
+    for fam in text_string_to_metric_families(generate_latest(m.registry).decode()):
+        names.update(sample.name for sample in fam.samples)
+    return names
+
+
+def dashboard_exprs() -> list[str]:
+    d = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
+    for v in d["templating"]["list"]:
+        q = v.get("query")
+        if isinstance(q, dict):
+            exprs.append(q["query"])
+    return exprs
+
+
+def rule_exprs() -> list[str]:
+    return [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+
+
+def test_exposed_names_include_the_core_series():
+    names = exposed_names()
+    for n in ("shaperd_tenant_transmit_bytes_total", "shaperd_tenant_below_guarantee_seconds_total",
+              "shaperd_reconcile_duration_seconds_bucket", "shaperd_last_reconcile_success_timestamp_seconds"):
+        assert n in names
+
+
+@pytest.mark.parametrize("source", ["dashboard", "rules"])
+def test_every_metric_in_expressions_is_exposed(source):
+    exprs = dashboard_exprs() if source == "dashboard" else rule_exprs()
+    assert exprs
+    names = exposed_names()
+    used = {n for e in exprs for n in NAME_RE.findall(e)}
+    assert used, "no shaperd metric referenced"
+    assert used - names == set()
+    for e in exprs:
+        assert e.count("(") == e.count(")") and e.count("[") == e.count("]") and e.count("{") == e.count("}"), e
+
+
+def test_rules_have_the_prometheus_rule_group_structure():
+    doc = yaml.safe_load(RULES.read_text())
+    assert set(doc) == {"groups"}
+    alerts = set()
+    for g in doc["groups"]:
+        assert set(g) <= {"name", "interval", "rules", "limit"} and g["name"] and g["rules"]
+        for r in g["rules"]:
+            assert ("alert" in r) != ("record" in r)
+            assert set(r) <= {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+            assert isinstance(r["expr"], str) and r["expr"].strip()
+            if "for" in r:
+                assert DURATION_RE.match(r["for"]), r["for"]
+            for k in ("labels", "annotations"):
+                assert all(isinstance(v, str) for v in r.get(k, {}).values())
+            alerts.add(r.get("alert"))
+    assert {"ShaperdTenantBelowGuarantee", "ShaperdNotReconciling", "ShaperdConfigRejected"} <= alerts
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (structure checked above)")
+def test_promtool_accepts_the_rules():
+    subprocess.run(["promtool", "check", "rules", str(RULES)], check=True, capture_output=True)
+
+
+def test_dashboard_is_a_grafana_dashboard():
+    d = json.loads(DASHBOARD.read_text())
+    assert d["uid"] and d["title"] and d["panels"]
+    assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
+    titles = " ".join(p["title"].lower() for p in d["panels"])
+    assert "guarantee" in titles and "drops" in titles and "below guarantee" in titles
