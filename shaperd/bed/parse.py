@@ -269,3 +269,30 @@ def summarize(values: list[float]) -> dict[str, float | None]:
         return {"mean": None, "stdev": None, "min": None, "max": None, "n": 0}
     return {"mean": statistics.fmean(vals), "stdev": statistics.stdev(vals) if len(vals) > 1 else 0.0,
             "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+# ----------------------------------------------------------------------- tc
+_CLASS_RE = re.compile(r"^class (\S+) (\S+) ")
+_SENT_RE = re.compile(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)")
+
+
+def parse_tc_class_stats(text: str) -> dict[str, dict[str, Any]]:
+    """``tc -s class show`` text -> {handle: {kind, bytes, packets, drops, overlimits}}.
+
+    (iproute2's ``-j`` output is not JSON for HTB classes in the versions we
+    meet, so the bed reads the text form.)
+    """
+    out: dict[str, dict[str, Any]] = {}
+    cur: str | None = None
+    for line in text.splitlines():
+        m = _CLASS_RE.match(line)
+        if m:
+            cur = m.group(2)
+            out[cur] = {"kind": m.group(1), "bytes": 0, "packets": 0, "drops": 0, "overlimits": 0}
+            continue
+        m = _SENT_RE.search(line)
+        if m and cur is not None:
+            out[cur].update(bytes=int(m.group(1)), packets=int(m.group(2)), drops=int(m.group(3)),
+                            overlimits=int(m.group(4)))
+            cur = None
+    return out

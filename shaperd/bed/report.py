@@ -186,7 +186,7 @@ def _pcts(t: dict | None) -> str:
         return "not run"
     if "error" in t:
         return "error"
-    return f"{_f(t.get('a'), 0)} / {_f(t.get('b'), 0)} / {_f(t.get('link'), 0)}"
+    return f"{_f(t.get('a'), 0)} % / {_f(t.get('b'), 0)} % / {_f(t.get('link'), 0)} %"
 
 
 def render_source_table(idx: dict[str, dict], modes: tuple[str, ...] = ("shaperd", "hand-tc")) -> str:
@@ -212,10 +212,10 @@ def render_targets(idx: dict[str, dict], modes: tuple[str, ...] = ("shaperd", "h
         for m in modes:
             t = per_mode[m].get(key)
             if t is None or (t.value is None and key != "latency"):
-                cells.append("-" if t is None else f"- ({t.detail})")
+                cells.append("-")
                 continue
             if key == "latency":
-                cells.append(t.detail)
+                cells.append(t.detail if t.value is not None else "-")
                 continue
             mark = "" if t.ok is None else (" ok" if t.ok else " MISSED")
             unit = " s" if key == "convergence" else " %"

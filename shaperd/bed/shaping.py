@@ -175,14 +175,17 @@ def unprogram_hand_tc(bed: "Bed") -> None:
 
 
 def uplink_state(bed: "Bed") -> dict[str, Any]:
-    """qdiscs/classes/filters on the uplink as tc's JSON (for reports and tests)."""
+    """What is on the uplink: qdiscs (tc JSON), class counters by handle, filters (text)."""
+    from .parse import parse_tc_class_stats
+
     out: dict[str, Any] = {}
-    for what in ("qdisc", "class"):
-        p = run([TC, "-s", "-j", what, "show", "dev", bed.uplink], bed.ns["node"], check=False)
-        try:
-            out[what] = json.loads(p.stdout or "[]")
-        except ValueError:
-            out[what] = []
+    p = run([TC, "-s", "-j", "qdisc", "show", "dev", bed.uplink], bed.ns["node"], check=False)
+    try:
+        out["qdisc"] = json.loads(p.stdout or "[]")
+    except ValueError:
+        out["qdisc"] = []
+    p = run([TC, "-s", "class", "show", "dev", bed.uplink], bed.ns["node"], check=False)
+    out["class"] = parse_tc_class_stats(p.stdout)
     p = run([TC, "filter", "show", "dev", bed.uplink], bed.ns["node"], check=False)
     out["filter_text"] = p.stdout
     return out

@@ -289,6 +289,12 @@ class Bed:
         """Run a short command in the namespace of *role* ('node', 'pod-a', ...)."""
         return run(argv, self.ns[role], **kw)
 
+    def exec_ns(self, netns: str, argv: list[str], **kw):
+        """Run a short command in one of this bed's namespaces, by netns name."""
+        if netns not in self.ns.values():
+            raise KeyError(netns)
+        return run(argv, netns, **kw)
+
     def clear_node_shaping(self) -> None:
         """Remove any root qdisc from the uplink (back to the default)."""
         run([TC, "qdisc", "del", "dev", self.uplink, "root"], self.ns["node"], check=False)
