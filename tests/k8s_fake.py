@@ -1,0 +1,358 @@
+"""A fake Kubernetes API server for pods: enough of list and watch for the official client.
+
+It speaks HTTP/1.1 on 127.0.0.1 (random port, no auth) like the real server:
+``GET /api/v1/pods`` with ``fieldSelector=spec.nodeName=...`` returns a
+PodList carrying metadata.resourceVersion; with ``watch=1`` it streams chunked
+newline-delimited watch events after ``resourceVersion`` until
+``timeoutSeconds`` and answers a version older than its compaction point with
+an ERROR event holding a 410 Status (or, in ``gone_as_http`` mode, an HTTP
+410). Every change bumps one global resourceVersion, including changes to
+pods on other nodes, so bookmarks carry versions no pod event had.
+
+Test hooks: add/modify/delete pods, unrelated writes, bookmarks, compaction,
+drop every watch, hang (stop answering), inject garbage lines or raw events,
+go down and come back on the same port. ``requests`` logs what every client
+asked for. ``write_kubeconfig`` points the client library at it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+
+def make_pod(name: str, node: str, namespace: str = "default", ips=("10.0.0.1",), labels=None,
+             qos: str | None = "BestEffort", phase: str = "Running", host_network: bool = False,
+             uid: str | None = None) -> dict:
+    ips = list(ips)
+    status: dict = {"phase": phase}
+    if qos:
+        status["qosClass"] = qos
+    if ips:
+        status["podIP"] = ips[0]
+        status["podIPs"] = [{"ip": ip} for ip in ips]
+    spec: dict = {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
+    if host_network:
+        spec["hostNetwork"] = True
+    return {
+        "kind": "Pod", "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4()),
+                     "labels": dict(labels or {}), "creationTimestamp": "2024-01-01T00:00:00Z"},
+        "spec": spec, "status": status,
+    }
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, fake: "FakeKubeAPI", addr):
+        self.fake = fake
+        super().__init__(addr, _Handler)
+
+    def process_request(self, request, client_address):
+        with self.fake._cond:
+            self.fake._conns.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):
+        with self.fake._cond:
+            self.fake._conns.discard(request)
+        super().shutdown_request(request)
+
+
+class FakeKubeAPI:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+        self._cond = threading.Condition()
+        self._conns: set[socket.socket] = set()
+        self.pods: dict[str, dict] = {}  # uid -> pod
+        self.rv = 1000
+        self.events: list[tuple[int, str, dict | None, str | None]] = []  # (rv, type, object, raw line)
+        self.compacted_rv = 0
+        self.gone_as_http = False
+        self.hanging = False
+        self.drop_gen = 0
+        self.up_gen = 0
+        self.requests: list[dict] = []
+        self.host = host
+        self._server = _Server(self, (host, port))
+        self.port = self._server.server_address[1]
+        self._thread: threading.Thread | None = None
+        self.running = False
+        self.start()
+
+    # ---- lifecycle
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> None:
+        if self._server is None:
+            self._server = _Server(self, (self.host, self.port))
+        self.running = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="fake-kube-api", daemon=True)
+        self._thread.start()
+
+    def go_down(self) -> None:
+        """Refuse connections and cut every open one (an API server restart)."""
+        with self._cond:
+            self.running = False
+            self.up_gen += 1
+            self._cond.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+        self._server = None
+        self._cut_all()
+
+    def come_back(self) -> None:
+        self.start()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self.go_down()
+
+    def _cut_all(self) -> None:
+        with self._cond:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    # ---- state changes (each bumps the global resourceVersion)
+
+    def _emit(self, etype: str, obj: dict | None, raw: str | None = None) -> int:
+        with self._cond:
+            self.rv += 1
+            if obj is not None:
+                obj = copy.deepcopy(obj)
+                if isinstance(obj.get("metadata"), dict):
+                    obj["metadata"]["resourceVersion"] = str(self.rv)
+            self.events.append((self.rv, etype, obj, raw))
+            self._cond.notify_all()
+            return self.rv
+
+    def add_pod(self, pod: dict) -> dict:
+        with self._cond:
+            self._emit("ADDED", pod)
+            self.pods[pod["metadata"]["uid"]] = self.events[-1][2]
+            return self.pods[pod["metadata"]["uid"]]
+
+    def modify_pod(self, uid: str, fn) -> dict:
+        with self._cond:
+            pod = copy.deepcopy(self.pods[uid])
+            fn(pod)
+            self._emit("MODIFIED", pod)
+            self.pods[uid] = self.events[-1][2]
+            return self.pods[uid]
+
+    def set_labels(self, uid: str, labels: dict) -> dict:
+        return self.modify_pod(uid, lambda p: p["metadata"].__setitem__("labels", dict(labels)))
+
+    def delete_pod(self, uid: str) -> None:
+        with self._cond:
+            pod = self.pods.pop(uid)
+            self._emit("DELETED", pod)
+
+    def unrelated_writes(self, n: int = 1) -> int:
+        """Writes elsewhere in the cluster: the version moves, our watchers see nothing."""
+        with self._cond:
+            self.rv += n
+            return self.rv
+
+    def bookmark(self) -> int:
+        """A BOOKMARK at the current version, to watchers that asked for bookmarks."""
+        with self._cond:
+            rv = self.rv
+            self.events.append((rv, "BOOKMARK", {"kind": "Pod", "apiVersion": "v1",
+                                                 "metadata": {"resourceVersion": str(rv)}}, None))
+            self._cond.notify_all()
+            return rv
+
+    def raw_event(self, etype: str, obj) -> int:
+        """An event whose object is whatever the test says (malformed pods); it gets a version."""
+        return self._emit(etype, obj) if isinstance(obj, dict) else self._emit(etype, None, json.dumps(
+            {"type": etype, "object": obj}))
+
+    def garbage(self, line: str = "this is not json {") -> None:
+        """A line sent once to the watches open now (not kept in history)."""
+        with self._cond:
+            self.events.append((-1, "GARBAGE", None, line))
+            self._cond.notify_all()
+
+    def compact(self) -> None:
+        """Forget history: watches from older versions get 410 Gone."""
+        with self._cond:
+            self.compacted_rv = self.rv
+            self.events = [e for e in self.events if e[0] > self.rv]
+
+    def drop_watches(self) -> None:
+        with self._cond:
+            self.drop_gen += 1
+            self._cond.notify_all()
+        self._cut_all()
+
+    def hang(self, on: bool = True) -> None:
+        """Stop answering: new requests wait with no reply, open watches go silent."""
+        with self._cond:
+            self.hanging = on
+            self._cond.notify_all()
+
+    # ---- queries for assertions
+
+    def watch_requests(self) -> list[dict]:
+        return [r for r in self.requests if r.get("watch")]
+
+    def list_requests(self) -> list[dict]:
+        return [r for r in self.requests if not r.get("watch")]
+
+    def wait_for(self, pred, timeout: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return True
+            time.sleep(0.02)
+        return pred()
+
+
+def _selected(pod: dict | None, node: str | None) -> bool:
+    if pod is None or node is None:
+        return True
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    return not isinstance(spec, dict) or spec.get("nodeName") in (node, None)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        fake = self.server.fake
+        url = urlsplit(self.path)
+        q = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        watch = q.get("watch") in ("1", "true", "True")
+        sel = q.get("fieldSelector", "")
+        with fake._cond:
+            fake.requests.append({"path": url.path, "query": q, "watch": watch,
+                                  "resourceVersion": q.get("resourceVersion"), "time": time.monotonic()})
+            gen = fake.up_gen
+            while fake.hanging and fake.running and fake.up_gen == gen:
+                fake._cond.wait(0.1)
+            if not fake.running or fake.up_gen != gen:
+                self.close_connection = True
+                return
+        if url.path != "/api/v1/pods":
+            return self._json(404, {"kind": "Status", "code": 404, "reason": "NotFound", "message": "not here"})
+        node = None
+        if sel:
+            if not sel.startswith("spec.nodeName="):
+                return self._json(400, {"kind": "Status", "code": 400, "reason": "BadRequest",
+                                        "message": f"unsupported field selector {sel}"})
+            node = sel.split("=", 1)[1]
+        if watch:
+            return self._watch(fake, node, q)
+        with fake._cond:
+            items = [p for p in fake.pods.values() if _selected(p, node)]
+            body = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": str(fake.rv)},
+                    "items": items}
+        self._json(200, body)
+
+    def _json(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _chunk(self, line: str) -> None:
+        data = (line + "\n").encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _watch(self, fake: FakeKubeAPI, node: str | None, q: dict) -> None:
+        try:
+            since = int(q.get("resourceVersion") or 0)
+        except ValueError:
+            since = 0
+        timeout = float(q.get("timeoutSeconds") or 1800)
+        bookmarks = q.get("allowWatchBookmarks") in ("true", "1", "True")
+        gone = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": f"too old resource version: {since} ({fake.compacted_rv})", "reason": "Expired", "code": 410}
+        if since and since < fake.compacted_rv and fake.gone_as_http:
+            return self._json(410, gone)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if since and since < fake.compacted_rv:
+            self._chunk(json.dumps({"type": "ERROR", "object": gone}))
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        deadline = time.monotonic() + timeout
+        with fake._cond:
+            drop_gen, up_gen = fake.drop_gen, fake.up_gen
+            # history after `since`, then live events (garbage only live)
+            pos = next((i for i, e in enumerate(fake.events) if e[0] > since), len(fake.events))
+            pos = max(pos, 0)
+            history_end = len(fake.events)
+        try:
+            while True:
+                with fake._cond:
+                    while True:
+                        if fake.drop_gen != drop_gen or fake.up_gen != up_gen or not fake.running:
+                            self.close_connection = True
+                            return  # cut without the final chunk: the client sees a broken stream
+                        if time.monotonic() >= deadline:
+                            break
+                        if not fake.hanging and pos < len(fake.events):
+                            break
+                        fake._cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                    if time.monotonic() >= deadline and (fake.hanging or pos >= len(fake.events)):
+                        if fake.hanging:
+                            self.close_connection = True
+                            return
+                        break
+                    rv, etype, obj, raw = fake.events[pos]
+                    pos += 1
+                if etype == "GARBAGE":
+                    if pos - 1 >= history_end:
+                        self._chunk(raw)
+                    continue
+                if etype == "BOOKMARK":
+                    if bookmarks and rv > since:
+                        self._chunk(json.dumps({"type": "BOOKMARK", "object": obj}))
+                    continue
+                if rv <= since or not _selected(obj, node):
+                    continue
+                self._chunk(raw if raw is not None else json.dumps({"type": etype, "object": obj}))
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+
+
+def write_kubeconfig(path: str | Path, server_url: str) -> Path:
+    """A kubeconfig for the fake: plain http, no credentials, one context."""
+    path = Path(path)
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: fake\n  cluster:\n    server: {server_url}\n"
+        "users:\n- name: nobody\n  user: {}\n"
+        "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: nobody\n"
+        "current-context: fake\n"
+    )
+    return path
