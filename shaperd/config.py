@@ -70,6 +70,10 @@ class Node:
     reserve_bps: int | None = None
     # Replace a root qdisc shaperd does not own (anything but a kernel default).
     take_over: bool = False
+    # skb->mark bits shaperd may write on pod traffic (contiguous). The default,
+    # the low 7 bits, avoids the bits kube-proxy (0xc000), Calico (0xffff0000),
+    # Cilium (0x0f00 and the upper half) and the AWS VPC CNI (0x80) use.
+    mark_mask: int = 0x7F
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,7 @@ def from_dict(doc: Any, source: str = "<memory>", prefix: str = "") -> Config:
 # ---------------------------------------------------------------- validation
 
 _TOP_KEYS = {"tenants", "node"}
-_NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver"}
+_NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver", "markMask"}
 _TENANT_KEYS = {"name", "bandwidthGuarantee", "bandwidthLimit", "priority", "match"}
 _MATCH_KEYS = {"cidrs", "interfaces", "podLabels", "namespaces", "cgroups"}
 
@@ -238,7 +242,12 @@ class _Validator:
         if not isinstance(take_over, bool):
             self.bad("node.takeOver", "expected true or false")
             take_over = False
+        mask = m.get("markMask", 0x7F)
+        if isinstance(mask, bool) or not isinstance(mask, int) or not 0 < mask <= 0xFFFFFFFF or not _contiguous(mask):
+            self.bad("node.markMask", f"expected a contiguous non-zero 32-bit mask such as 0x7f, got {mask!r}")
+            mask = 0x7F
         return Node(
+            mark_mask=mask,
             interfaces=tuple(ifaces),
             capacity_bps=self.rate(m.get("capacity"), "node.capacity", required=False),
             reserve_bps=self.rate(m.get("reserve"), "node.reserve", required=False),
@@ -325,6 +334,11 @@ class _Validator:
                     f"limit {format_rate(t.limit_bps)} is above node.capacity {format_rate(cap)}",
                 )
         check_guarantee_sum(cap, node.reserve_bps, [t for _, t in tenants], self.bad, where="node.capacity")
+
+
+def _contiguous(mask: int) -> bool:
+    low = mask & -mask
+    return ((mask + low) & mask) == 0
 
 
 # A default class that is never starved: unless the operator sets node.reserve,

@@ -60,10 +60,13 @@ class Op:
             "add-filter": lambda: _filter_label(self.obj),
             "delete-filter": lambda: _filter_label(self.obj),
             "delete-filter-group": lambda: f"filters at prio {self.obj[0]} protocol 0x{self.obj[1]:04x}",
+            "add-clsact": lambda: "clsact qdisc",
+            "put-mark": lambda: f"mark program {self.obj.name} (mark 0x{self.obj.value:x}/0x{self.obj.mask:x})",
+            "delete-mark": lambda: f"mark program {self.obj.name}",
         }[self.verb]()
         verb = {
             "put-class": "create" if self.create else "change", "put-leaf": "set", "replace-root": "create",
-            "change-root": "change", "add-filter": "add",
+            "change-root": "change", "add-filter": "add", "add-clsact": "add", "put-mark": "set",
         }.get(self.verb, "delete")
         tenant = f" (tenant {self.tenant})" if self.tenant else ""
         reason = f": {self.reason}" if self.reason else ""
@@ -184,6 +187,28 @@ def diff_teardown(observed: DeviceState) -> DeviceDiff:
     if observed.owned:
         out.ops.append(Op("delete-root", observed.device, observed.ifindex, None, "teardown"))
     return out
+
+
+def diff_marks(desired, observed: dict[int, ObservedFilter], clsact: set[int], names: dict[int, str]) -> list[Op]:
+    """Mark programs on host-side interfaces: set missing/outdated ones, remove ours that are stale.
+
+    shaperd owns only its own filter (prio 0x7368, name shpdm_*) there; the
+    clsact qdisc may be shared with other agents and is never removed.
+    """
+    ops: list[Op] = []
+    want = {m.ifindex: m for m in desired}
+    for idx, m in sorted(want.items()):
+        have = observed.get(idx)
+        if have is not None and have.name == m.name:
+            continue
+        if idx not in clsact:
+            ops.append(Op("add-clsact", m.ifname, idx, None, "missing", m.tenant))
+        why = "missing" if have is None else f"was {have.name}"
+        ops.append(Op("put-mark", m.ifname, idx, m, f"{why}; pods {', '.join(m.pods)}" if m.pods else why, m.tenant))
+    for idx, have in sorted(observed.items()):
+        if idx not in want:
+            ops.append(Op("delete-mark", names.get(idx, str(idx)), idx, have, "stale"))
+    return ops
 
 
 def _needs_rebuild(desired: DevicePlan, observed: DeviceState) -> bool:

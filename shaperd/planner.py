@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import ipaddress
 from dataclasses import dataclass, field
 
 from .config import Config, Tenant, check_guarantee_sum, default_reserve_bps
 from .errors import ConfigProblem
-from .inventory import Capabilities, Inventory, Link
+from .inventory import Capabilities, Inventory, Link, Pod
 from .state import (
     DEFAULT_CLASS_MINOR,
     HANDLE_MAJOR,
+    PRIO_BPF_CGROUP,
     PRIO_BPF_IFINDEX,
+    PRIO_BPF_MARK,
     ROOT_CLASS_MINOR,
     ROOT_HANDLE,
     TENANT_MINOR_FIRST,
@@ -33,6 +36,7 @@ from .state import (
     HtbClass,
     HtbRoot,
     LeafQdisc,
+    MarkFilter,
     U32Filter,
     classid,
 )
@@ -81,6 +85,10 @@ class Plan:
     warnings: tuple[str, ...] = ()
     # Selected devices that could not be planned: their current state is kept.
     skipped: tuple[str, ...] = ()
+    # Marks on host-side pod interfaces (node-wide, not per uplink).
+    marks: tuple[MarkFilter, ...] = ()
+    # pod uid -> tenant for pods mapped to exactly one tenant.
+    pod_tenants: dict[str, str] = field(default_factory=dict, compare=False)
 
     def device(self, name: str) -> DevicePlan | None:
         return next((d for d in self.devices if d.device == name), None)
@@ -117,10 +125,48 @@ def htb_prios(tenants: tuple[Tenant, ...]) -> dict[str, int]:
     return {t.name: rank[t.priority] for t in tenants}
 
 
-def bpf_program_name(mapping: tuple[tuple[int, int], ...]) -> str:
-    """Stable BPF object name (<= 15 chars) identifying an ifindex->class mapping."""
-    digest = hashlib.sha256(repr(sorted(mapping)).encode()).hexdigest()[:10]
-    return f"shpd_{digest}"
+def bpf_program_name(mapping: tuple[tuple[int, ...], ...], kind: str = "") -> str:
+    """Stable BPF object name (<= 15 chars) identifying a generated program's content."""
+    digest = hashlib.sha256((kind + repr(sorted(mapping))).encode()).hexdigest()[:10]
+    return f"shpd{kind[:1]}_{digest}"[:15]
+
+
+def assign_marks(names: list[str] | tuple[str, ...], mask: int) -> dict[str, int]:
+    """skb->mark value per tenant inside ``mask``, derived from the name like class minors.
+
+    Tenants beyond the mask's capacity get no mark (the planner warns).
+    """
+    shift = (mask & -mask).bit_length() - 1
+    span = mask >> shift  # values 1..span (0 means "no tenant")
+    out: dict[str, int] = {}
+    taken: set[int] = set()
+    for name in sorted(names):
+        if len(taken) >= span:
+            break
+        v = 1 + int.from_bytes(hashlib.sha256(b"mark\0" + name.encode()).digest()[:4], "big") % span
+        while v in taken:
+            v = 1 + v % span
+        taken.add(v)
+        out[name] = v << shift
+    return out
+
+
+def pod_tenants(cfg: Config, pods: tuple[Pod, ...]) -> tuple[dict[str, str], list[str]]:
+    """pod uid -> tenant. A pod matched by two tenants goes to neither (a warning says so)."""
+    out: dict[str, str] = {}
+    warnings: list[str] = []
+    for pod in pods:
+        labels = dict(pod.labels)
+        hits = [
+            t.name for t in cfg.tenants
+            if all(labels.get(k) == v for k, v in t.effective_pod_labels().items())
+            or pod.namespace in t.match.namespaces
+        ]
+        if len(hits) == 1:
+            out[pod.uid] = hits[0]
+        elif len(hits) > 1:
+            warnings.append(f"pod {pod.ref} matches tenants {', '.join(hits)}: it goes to neither (default class)")
+    return out, warnings
 
 
 def htb_class(
@@ -174,9 +220,21 @@ def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings()) -> 
     shaped = {d.name for d in devices}
     ifmap, ifwarn = interface_classes(cfg, inv, shaped)
     warnings.extend(ifwarn)
+    by_pod, podwarn = pod_tenants(cfg, inv.pods)
+    warnings.extend(podwarn)
+    marks_by_tenant = assign_marks([t.name for t in cfg.tenants], cfg.node.mark_mask)
+    for t in cfg.tenants:
+        if t.name not in marks_by_tenant:
+            warnings.append(f"tenant {t.name}: node.markMask 0x{cfg.node.mark_mask:x} has no mark value left; "
+                            "its pods are recognised by address and cgroup only")
+    marks = plan_marks(cfg, inv, by_pod, marks_by_tenant, shaped)
+    for pod in inv.pods:
+        for problem in pod.problems:
+            if pod.uid in by_pod:
+                warnings.append(f"pod {pod.ref} (tenant {by_pod[pod.uid]}): {problem}")
     skipped: list[str] = []
     for link in sorted(devices, key=lambda l: l.name):
-        dp, probs = plan_device(cfg, inv, link, ifmap, settings)
+        dp, probs = plan_device(cfg, inv, link, ifmap, settings, by_pod, marks_by_tenant)
         problems.extend(probs)
         if dp is not None:
             plans.append(dp)
@@ -187,7 +245,59 @@ def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings()) -> 
             "match.interfaces needs cls_bpf, which this kernel does not offer: interface matches are NOT enforced "
             f"({', '.join(sorted({n for n, _ in ifmap.values()}))})"
         )
-    return Plan(devices=tuple(plans), problems=tuple(problems), warnings=tuple(warnings), skipped=tuple(skipped))
+    if inv.pods and not inv.capabilities.bpf:
+        warnings.append("cls_bpf unavailable: pod traffic is recognised by pod address only (not after masquerade)")
+    return Plan(
+        devices=tuple(plans), problems=tuple(problems), warnings=tuple(warnings), skipped=tuple(skipped),
+        marks=marks if inv.capabilities.bpf else (), pod_tenants=by_pod,
+    )
+
+
+def plan_marks(
+    cfg: Config, inv: Inventory, by_pod: dict[str, str], marks_by_tenant: dict[str, int], shaped: set[str]
+) -> tuple[MarkFilter, ...]:
+    """One mark program per host-side interface that carries a tenant pod's traffic."""
+    per_if: dict[int, tuple[str, str, list[str]]] = {}
+    conflicts: set[int] = set()
+    for pod in inv.pods:
+        tenant = by_pod.get(pod.uid)
+        if tenant is None or pod.host_network or pod.host_ifindex is None or pod.host_ifname in shaped:
+            continue
+        if tenant not in marks_by_tenant:
+            continue
+        have = per_if.setdefault(pod.host_ifindex, (tenant, pod.host_ifname or "", []))
+        if have[0] != tenant:
+            conflicts.add(pod.host_ifindex)
+        have[2].append(pod.ref)
+    out = []
+    mask = cfg.node.mark_mask
+    for idx, (tenant, ifname, pods) in sorted(per_if.items()):
+        if idx in conflicts:
+            continue  # two tenants' pods behind one interface: only their addresses can tell them apart
+        value = marks_by_tenant[tenant]
+        out.append(MarkFilter(idx, ifname, value, mask, bpf_program_name(((value, mask),), "mark"),
+                              tenant, tuple(sorted(pods))))
+    return tuple(out)
+
+
+def cgroup_entries(
+    cfg: Config, inv: Inventory, by_pod: dict[str, str], minors: dict[str, int], endpoints: dict[str, int]
+) -> tuple[tuple[tuple[int, int, int], ...], tuple[str, ...]]:
+    """(level, cgroup id, classid) for hostNetwork pods and match.cgroups, labels for rendering."""
+    entries: dict[tuple[int, int], tuple[int, str]] = {}
+    refs = {c.path: c for c in inv.cgroups}
+    for t in cfg.tenants:
+        for path in t.match.cgroups:
+            ref = refs.get(path)
+            if ref is not None:
+                entries.setdefault((ref.level, ref.id), (classid(minors[t.name]), path))
+                endpoints[t.name] += 1
+    for pod in inv.pods:
+        tenant = by_pod.get(pod.uid)
+        if tenant is not None and pod.host_network and pod.cgroup is not None:
+            entries.setdefault((pod.cgroup.level, pod.cgroup.id), (classid(minors[tenant]), f"pod {pod.ref}"))
+    out = tuple(sorted((lvl, cid, cls) for (lvl, cid), (cls, _) in entries.items()))
+    return out, tuple(sorted(label for _, label in entries.values()))
 
 
 def interface_classes(cfg: Config, inv: Inventory, shaped: set[str]) -> tuple[dict[int, tuple[str, str]], list[str]]:
@@ -212,7 +322,8 @@ def interface_classes(cfg: Config, inv: Inventory, shaped: set[str]) -> tuple[di
 
 
 def plan_device(
-    cfg: Config, inv: Inventory, link: Link, ifmap: dict[int, tuple[str, str]], s: HtbSettings
+    cfg: Config, inv: Inventory, link: Link, ifmap: dict[int, tuple[str, str]], s: HtbSettings,
+    by_pod: dict[str, str] | None = None, marks_by_tenant: dict[str, int] | None = None,
 ) -> tuple[DevicePlan | None, list[ConfigProblem]]:
     problems: list[ConfigProblem] = []
 
@@ -248,6 +359,9 @@ def plan_device(
     leaves = [leaf_for(s, c, inv.capabilities) for c in classes if c.classid != root_cls]
 
     filters: list[Filter] = []
+    by_pod = by_pod or {}
+    marks_by_tenant = marks_by_tenant or {}
+    endpoints = {t.name: 0 for t in cfg.tenants}
     if inv.capabilities.bpf:
         mapping = tuple(sorted((idx, classid(minors[tenant])) for idx, (tenant, _) in ifmap.items()))
         if mapping:
@@ -257,9 +371,37 @@ def plan_device(
                     interfaces=tuple(sorted(name for _, name in ifmap.values())),
                 )
             )
+        for tenant, _ in ifmap.values():
+            endpoints[tenant] += 1
+        cg_entries, cg_labels = cgroup_entries(cfg, inv, by_pod, minors, endpoints)
+        if cg_entries:
+            filters.append(BpfFilter(prio=PRIO_BPF_CGROUP, name=bpf_program_name(cg_entries, "cgroup"),
+                                     mapping=cg_entries, interfaces=cg_labels, kind="cgroup"))
+        mark_map = tuple(sorted(
+            (marks_by_tenant[t.name], cfg.node.mark_mask, classid(minors[t.name]))
+            for t in cfg.tenants if t.name in marks_by_tenant
+        ))
+        if mark_map:
+            filters.append(BpfFilter(prio=PRIO_BPF_MARK, name=bpf_program_name(mark_map, "classmark"),
+                                     mapping=mark_map, interfaces=tuple(f"mark 0x{v:x}" for v, _, _ in mark_map),
+                                     kind="mark"))
+    claimed: set = set()
     for t in cfg.tenants:
         for net in t.match.cidrs:
             filters.append(U32Filter.for_prefix(net, classid(minors[t.name])))
+            claimed.add(net)
+            endpoints[t.name] += 1
+    for pod in inv.pods:
+        tenant = by_pod.get(pod.uid)
+        if tenant is None:
+            continue
+        if not pod.host_network:
+            for ip in pod.ips:
+                net = ipaddress.ip_network(ip)
+                if net not in claimed:  # a configured prefix of the same length wins
+                    claimed.add(net)
+                    filters.append(U32Filter.for_prefix(net, classid(minors[tenant])))
+        endpoints[tenant] += 1
     filters.sort(key=lambda f: (f.prio, getattr(f, "protocol", 0), getattr(f, "prefix", "")))
     return (
         DevicePlan(
@@ -271,6 +413,7 @@ def plan_device(
             leaves=tuple(leaves),
             filters=tuple(filters),
             tenant_classes={t.name: classid(minors[t.name]) for t in cfg.tenants},
+            tenant_endpoints=endpoints,
         ),
         [],
     )

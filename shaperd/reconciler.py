@@ -18,7 +18,14 @@ from .errors import ConfigProblem, KernelError
 from .inventory import Capabilities, Inventory
 from .kernel import tc
 from .planner import HtbSettings, Plan, plan
+from .discovery import cgroups as cgroups_mod
+from .discovery import pods as pods_mod
 from .discovery.node import discover
+from .diff import diff_marks
+
+
+# Pseudo-device name for the mark programs on host-side pod interfaces.
+MARKS = "(pod interfaces)"
 
 
 @dataclass
@@ -57,22 +64,41 @@ class Reconciler:
         take_over: bool = False,
         sysfs_root: str = "/sys",
         settings: HtbSettings = HtbSettings(),
+        pods_source=None,
+        cgroup_root=None,
     ):
         self.ipr = ipr
         self.capabilities = capabilities
         self.take_over = take_over
         self.sysfs_root = sysfs_root
         self.settings = settings
+        # Callable returning the pods on this node (PodInfo-like objects), or None without Kubernetes.
+        self.pods_source = pods_source
+        self.cgroup_root = cgroup_root if cgroup_root is not None else cgroups_mod.cgroup2_root()
         self.log = log.get("shaperd.reconcile")
 
-    def inventory(self) -> Inventory:
-        return discover(self.ipr, self.capabilities, self.sysfs_root)
+    def inventory(self, cfg: Config | None = None) -> Inventory:
+        inv = discover(self.ipr, self.capabilities, self.sysfs_root)
+        pods = ()
+        if self.pods_source is not None:
+            pods = pods_mod.resolve(self.ipr, list(self.pods_source()), inv.links, self.cgroup_root)
+        refs = []
+        if cfg is not None and self.cgroup_root is not None:
+            for t in cfg.tenants:
+                for path in t.match.cgroups:
+                    r = cgroups_mod.ref(self.cgroup_root, path)
+                    if r is None:
+                        self.log.warning("cgroup not found", tenant=t.name, cgroup=path, root=str(self.cgroup_root))
+                    else:
+                        refs.append(r)
+        return Inventory(links=inv.links, default_route_devices=inv.default_route_devices,
+                         capabilities=inv.capabilities, pods=pods, cgroups=tuple(refs))
 
     def plan(self, cfg: Config, inv: Inventory | None = None) -> Plan:
-        return plan(cfg, inv or self.inventory(), self.settings)
+        return plan(cfg, inv or self.inventory(cfg), self.settings)
 
     def _diffs(self, cfg: Config) -> tuple[Plan, list[tuple[DeviceDiff | None, DeviceOutcome]]]:
-        inv = self.inventory()
+        inv = self.inventory(cfg)
         p = self.plan(cfg, inv)
         take_over = self.take_over or cfg.node.take_over
         out: list[tuple[DeviceDiff | None, DeviceOutcome]] = []
@@ -93,6 +119,14 @@ class Reconciler:
             if name not in keep:
                 op = Op("delete-root", name, ifindex, None, "device no longer selected by node.interfaces")
                 out.append((DeviceDiff(name, [op]), DeviceOutcome(name)))
+        # Marks on host-side pod interfaces.
+        names = {l.ifindex: l.name for l in inv.links}
+        try:
+            observed, clsact = tc.read_marks(self.ipr)
+            mark_ops = diff_marks(p.marks, observed, clsact, names)
+            out.append((DeviceDiff(MARKS, mark_ops), DeviceOutcome(MARKS)))
+        except KernelError as e:
+            out.append((None, DeviceOutcome(MARKS, error=str(e))))
         return p, out
 
     def _owned_devices(self, inv: Inventory) -> list[tuple[int, str]]:
@@ -135,6 +169,11 @@ class Reconciler:
         return Report(plan=p, devices=[o for _, o in diffs], duration_s=time.perf_counter() - start)
 
     def _retry_one_by_one(self, d: DeviceDiff, dp, cfg: Config) -> tc.ApplyResult:
+        if d.device == MARKS:
+            observed, clsact = tc.read_marks(self.ipr)
+            p = self.plan(cfg)
+            names = {l.ifindex: l.name for l in self.inventory().links}
+            return tc.apply_ops(self.ipr, diff_marks(p.marks, observed, clsact, names), batch=False)
         ifindex = d.ops[0].ifindex
         try:
             observed = tc.read_device(self.ipr, d.device, ifindex)
@@ -152,4 +191,10 @@ class Reconciler:
             outcomes.append(DeviceOutcome(name, ops=res.applied, failed=res.failed))
             for op in res.applied:
                 self.log.info("kernel change", device=op.device, change=op.describe())
+        observed, clsact = tc.read_marks(self.ipr)
+        names = {l.ifindex: l.name for l in self.inventory().links}
+        ops = diff_marks((), observed, clsact, names)
+        if ops:
+            res = tc.apply_ops(self.ipr, ops, batch=False)
+            outcomes.append(DeviceOutcome(MARKS, ops=res.applied, failed=res.failed))
         return Report(plan=Plan(), devices=outcomes, duration_s=time.perf_counter() - start)

@@ -30,6 +30,13 @@ ETH_P_ALL = 0x0003
 # Filter priorities (lower runs first). Interface matches are the most
 # specific statement about a packet, then source prefixes, longest first.
 PRIO_BPF_IFINDEX = 10
+PRIO_BPF_CGROUP = 11
+PRIO_BPF_MARK = 20
+# On host-side pod interfaces (clsact ingress): shaperd's mark program.
+PRIO_MARK_INGRESS = 0x7368
+TC_H_CLSACT = 0xFFFFFFF1
+TC_H_INGRESS_PARENT = 0xFFFFFFF2  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS)
+CLSACT_HANDLE = 0xFFFF0000
 PRIO_U32_V4_BASE = 1000  # + (32 - prefix length)
 PRIO_U32_V6_BASE = 2000  # + (128 - prefix length)
 
@@ -137,6 +144,10 @@ class U32Filter:
     keys: tuple[U32Key, ...]
     # Label: the prefix this filter matches (rendering and logs only).
     prefix: str = field(default="", compare=False)
+    # (value, mask) of skb->mark this filter also requires, or None. shaperd
+    # never writes one (u32's mark match is a compile-time kernel option that
+    # is silently ignored where absent); it is read so a foreign one is seen.
+    mark: tuple[int, int] | None = None
 
     @staticmethod
     def for_prefix(net: ipaddress.IPv4Network | ipaddress.IPv6Network, cls: int) -> "U32Filter":
@@ -148,13 +159,31 @@ class U32Filter:
 
 @dataclass(frozen=True)
 class BpfFilter:
-    """cls_bpf classifier mapping ingress ifindex -> class; identified by program name."""
+    """cls_bpf classifier (classic mode) on the uplink; identified by program name.
+
+    kind "ifindex": mapping of (ingress ifindex, classid);
+    kind "cgroup": mapping of (cgroup level, cgroup id, classid).
+    """
 
     prio: int
     name: str
-    mapping: tuple[tuple[int, int], ...] = field(compare=False)
-    # Labels: which interface names produced the mapping.
+    mapping: tuple[tuple[int, ...], ...] = field(compare=False)
+    # Labels: which interfaces / cgroups produced the mapping.
     interfaces: tuple[str, ...] = field(default=(), compare=False)
+    kind: str = field(default="ifindex", compare=False)
+
+
+@dataclass(frozen=True)
+class MarkFilter:
+    """Marks the traffic entering the node through one host-side interface (clsact ingress)."""
+
+    ifindex: int
+    ifname: str
+    value: int
+    mask: int
+    name: str
+    tenant: str = field(default="", compare=False)
+    pods: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -169,10 +198,11 @@ class ObservedFilter:
     classid: int = 0
     keys: tuple[U32Key, ...] = ()
     name: str = ""
+    mark: tuple[int, int] | None = None
 
     def identity(self):
         if self.kind == "u32":
-            return U32Filter(self.prio, self.protocol, self.classid, self.keys)
+            return U32Filter(self.prio, self.protocol, self.classid, self.keys, mark=self.mark)
         if self.kind == "bpf":
             return BpfFilter(self.prio, self.name, ())
         return None
@@ -194,6 +224,8 @@ class DevicePlan:
     filters: tuple[Filter, ...]
     # tenant name -> classid, for reporting.
     tenant_classes: dict[str, int] = field(default_factory=dict, compare=False)
+    # tenant name -> number of endpoints (prefixes, interfaces, pods, cgroups) mapped to it.
+    tenant_endpoints: dict[str, int] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ __all__ = [
     "program_name",
     "mark_setter",
     "cgroup_classifier",
+    "mark_classifier",
     "TC_ACT_UNSPEC",
 ]
 
@@ -285,9 +286,30 @@ def cgroup_classifier(entries) -> bytes:
     return code
 
 
-def named(kind: str, payload: bytes) -> str:
-    """A stable 15-char object name for a generated program: 'shpd' + kind letter + digest."""
-    return f"shpd{kind}_" + hashlib.sha256(payload).hexdigest()[:9]
+_BPF_JMP32 = 0x06
+
+
+def jne32_imm(dst: int, imm: int, off: int) -> bytes:
+    """if w<dst> != imm goto pc + 1 + off (32-bit compare: no sign-extension surprises)."""
+    return _insn(_BPF_JMP32 | _BPF_JNE | _BPF_K, dst, 0, off, imm)
+
+
+def mark_classifier(entries) -> bytes:
+    """Classic-mode program: class for (skb->mark & mask) == value, or 0.
+
+    ``entries``: (value, mask, classid) triples. Used on the uplink instead of
+    u32's "match mark", which kernels without CONFIG_CLS_U32_MARK accept and
+    silently ignore (the filter then matches every packet).
+    """
+    prog = [ldx_w(2, 1, _OFF_MARK)]
+    for value, mask, classid in sorted(entries):
+        if value & ~mask or not value:
+            raise ValueError(f"mark 0x{value:x} must be non-zero and inside mask 0x{mask:x}")
+        if not 0 < classid < 0xFFFFFFFF or classid & 0xFFFF == 0:
+            raise ValueError(f"classid {classid!r} for mark 0x{value:x} is not a usable class id")
+        prog += [mov64_reg(3, 2), and32_imm(3, mask), jne32_imm(3, value, 2), mov32_imm(0, classid), exit_()]
+    prog += [mov32_imm(0, 0), exit_()]
+    return b"".join(prog)
 
 
 # --- loading ----------------------------------------------------------------

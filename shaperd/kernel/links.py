@@ -63,3 +63,32 @@ def default_route_ifindexes(ipr: IPRoute) -> list[int]:
             mp = r.get_attr("RTA_MULTIPATH") or []
             out.extend(h["oif"] for h in mp if h.get("oif"))
     return list(dict.fromkeys(out))
+
+
+def route_oif(ipr: IPRoute, ip: str) -> int | None:
+    """Output interface of the route to ``ip`` from this node, or None (no route)."""
+    try:
+        routes = list(ipr.route("get", dst=ip))
+    except NetlinkError:
+        return None
+    for r in routes:
+        oif = r.get_attr("RTA_OIF")
+        if oif:
+            return oif
+    return None
+
+
+def bridge_port_of(ipr: IPRoute, bridge_ifindex: int, ip: str) -> int | None:
+    """The bridge port behind which ``ip`` lives: neighbour entry (IP -> MAC), then FDB (MAC -> port)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        neigh = [n for n in ipr.get_neighbours(family=family, ifindex=bridge_ifindex) if n.get_attr("NDA_DST") == ip]
+        mac = next((n.get_attr("NDA_LLADDR") for n in neigh if n.get_attr("NDA_LLADDR")), None)
+        if mac is None:
+            return None
+        for f in ipr.get_neighbours(family=socket.AF_BRIDGE):
+            if f.get_attr("NDA_LLADDR") == mac and f.get_attr("NDA_MASTER") == bridge_ifindex:
+                return f["ifindex"]
+    except NetlinkError:
+        return None
+    return None

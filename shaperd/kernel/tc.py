@@ -37,7 +37,12 @@ from ..state import (
     ETH_P_ALL,
     HANDLE_MAJOR,
     ROOT_HANDLE,
+    CLSACT_HANDLE,
+    PRIO_MARK_INGRESS,
+    TC_H_CLSACT,
+    TC_H_INGRESS_PARENT,
     BpfFilter,
+    MarkFilter,
     DeviceState,
     HtbClass,
     LeafQdisc,
@@ -169,6 +174,25 @@ def owned_ifindexes(ipr: IPRoute) -> set[int]:
     }
 
 
+def read_marks(ipr: IPRoute) -> tuple[dict[int, ObservedFilter], set[int]]:
+    """shaperd's mark programs on host-side interfaces, and which devices have a clsact qdisc."""
+    clsact = {
+        q["index"] for q in _dump(ipr, "qdiscs", "node", ipr.get_qdiscs)
+        if q.get_attr("TCA_KIND") == "clsact"
+    }
+    marks: dict[int, ObservedFilter] = {}
+    for idx in sorted(clsact):
+        try:
+            filters = list(ipr.get_filters(index=idx, parent=TC_H_INGRESS_PARENT))
+        except NetlinkError:
+            continue  # the interface went away between the two dumps: nothing to do there
+        for f in filters:
+            obs = _observed_filter(f)
+            if obs and obs.kind == "bpf" and obs.prio == PRIO_MARK_INGRESS and obs.name.startswith("shpdm_"):
+                marks[idx] = obs
+    return marks, clsact
+
+
 def _qdisc_limit(q, kind: str) -> int:
     opts = q.get_attr("TCA_OPTIONS")
     if opts is None:
@@ -189,7 +213,9 @@ def _observed_filter(f) -> ObservedFilter | None:
         # The dump also lists hash tables (node id 0) and the bare tcf_proto: not filters.
         if f["handle"] & 0xFFF == 0 or opts is None:
             return None
-        return ObservedFilter(**base, classid=opts.get_attr("TCA_U32_CLASSID") or 0, keys=_u32_keys(opts))
+        mark = opts.get_attr("TCA_U32_MARK")
+        return ObservedFilter(**base, classid=opts.get_attr("TCA_U32_CLASSID") or 0, keys=_u32_keys(opts),
+                              mark=(mark["val"], mark["mask"]) if mark else None)
     if kind == "bpf":
         if f["handle"] == 0 or opts is None:
             return None
@@ -292,7 +318,10 @@ def _leaf_options(q: LeafQdisc) -> dict:
 
 def _u32_options(f: U32Filter) -> dict:
     keys = [f"0x{k.value:08x}/0x{k.mask:08x}+{k.offset}" for k in f.keys]
-    return {"attrs": [["TCA_U32_CLASSID", f.classid], ["TCA_U32_SEL", {"flags": TC_U32_TERMINAL, "keys": keys}]]}
+    attrs = [["TCA_U32_CLASSID", f.classid], ["TCA_U32_SEL", {"flags": TC_U32_TERMINAL, "keys": keys}]]
+    if f.mark is not None:
+        attrs.append(["TCA_U32_MARK", {"val": f.mark[0], "mask": f.mark[1], "success": 0}])
+    return {"attrs": attrs}
 
 
 def build_message(op: Op, bpf_fd: int | None = None):
@@ -319,6 +348,14 @@ def build_message(op: Op, bpf_fd: int | None = None):
         f = op.obj
         opts = {"attrs": [["TCA_BPF_FD", bpf_fd], ["TCA_BPF_NAME", f.name], ["TCA_BPF_FLAGS", 0]]}
         return _msg(RTM_NEWTFILTER, _F_ADD, idx, 1, ROOT_HANDLE, _info(f.prio, ETH_P_ALL), "bpf", opts)
+    if op.verb == "add-clsact":
+        return _msg(RTM_NEWQDISC, _F_ADD, idx, CLSACT_HANDLE, TC_H_CLSACT, kind="clsact")
+    if op.verb == "put-mark":
+        m = op.obj
+        opts = {"attrs": [["TCA_BPF_FD", bpf_fd], ["TCA_BPF_NAME", m.name], ["TCA_BPF_FLAGS", 1]]}  # direct action
+        return _msg(RTM_NEWTFILTER, _F_PUT, idx, 1, TC_H_INGRESS_PARENT, _info(PRIO_MARK_INGRESS, ETH_P_ALL), "bpf", opts)
+    if op.verb == "delete-mark":
+        return _msg(RTM_DELTFILTER, _F_DEL, idx, 1, TC_H_INGRESS_PARENT, _info(PRIO_MARK_INGRESS, ETH_P_ALL), "bpf")
     if op.verb == "delete-filter":
         f = op.obj
         return _msg(RTM_DELTFILTER, _F_DEL, idx, f.handle, ROOT_HANDLE, _info(f.prio, f.protocol), f.kind)
@@ -376,14 +413,25 @@ def apply_ops(ipr: IPRoute, ops: list[Op], batch: bool = True) -> ApplyResult:
 
 
 def _bpf_fd(op: Op, fds: list[int]) -> int | None:
-    if op.verb != "add-filter" or not isinstance(op.obj, BpfFilter):
-        return None
+    """Load the program an operation attaches; the fd is closed after the request."""
     from . import bpf
 
+    if op.verb == "add-filter" and isinstance(op.obj, BpfFilter):
+        f = op.obj
+        build = {
+            "cgroup": lambda: bpf.cgroup_classifier(f.mapping),
+            "mark": lambda: bpf.mark_classifier(f.mapping),
+        }.get(f.kind, lambda: bpf.ifindex_classifier(dict(f.mapping)))
+        name = f.name
+    elif op.verb == "put-mark":
+        m = op.obj
+        build, name = (lambda: bpf.mark_setter(m.value, m.mask)), m.name
+    else:
+        return None
     try:
-        fd = bpf.load_sched_cls(bpf.ifindex_classifier(dict(op.obj.mapping)), op.obj.name)
+        fd = bpf.load_sched_cls(build(), name)
     except (bpf.BpfError, OSError, ValueError) as e:
-        raise KernelError("load", f"bpf program {op.obj.name}", op.device, str(e)) from e
+        raise KernelError("load", f"bpf program {name}", op.device, str(e)) from e
     fds.append(fd)
     return fd
 

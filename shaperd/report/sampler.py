@@ -17,10 +17,13 @@ guarantee in bytes per second:
   cancel out).
 * **time below guarantee** += ``dt`` when the class *had demand* and
   ``sent < g * dt * (1 - BELOW_MARGIN)``. Demand means the queue was
-  non-empty at both ends of the interval (a backlog that persisted, not one
-  packet caught in flight), or the class's overlimits counter rose during it
-  (HTB throttled it). A tenant that sends less than its guarantee because it
-  has nothing more to send accrues nothing. The margin absorbs the timing
+  non-empty at both ends of the interval: a backlog that persisted, not one
+  packet caught in flight. A tenant that sends less than its guarantee
+  because it has nothing more to send accrues nothing. Rising overlimits
+  alone are deliberately *not* demand: HTB counts them when a class hits its
+  ceiling (>= the guarantee), so a short burst at the ceiling followed by
+  silence would otherwise count a whole interval as starved (the
+  integration test caught exactly that). The margin absorbs the timing
   jitter between the kernel's counters and our clock; a class exactly at a
   ceiling equal to its guarantee is not "below" it.
 * **rate** (gauge) = bytes sent over the last ``rate_window_s`` (2 s) of
@@ -89,7 +92,7 @@ def accrue(prev: Counters, cur: Counters, dt_s: float, guarantee_bps: float,
         return Accrual()  # counters reset: the class was recreated
     allowance = guarantee_bps / 8 * dt_s
     borrowed = max(0.0, sent - allowance)
-    demand = (prev.qlen > 0 and cur.qlen > 0) or cur.overlimits > prev.overlimits
+    demand = prev.qlen > 0 and cur.qlen > 0
     below = dt_s if demand and sent < allowance * (1 - margin) else 0.0
     return Accrual(borrowed, below, True)
 
@@ -273,7 +276,7 @@ def endpoints_from_plan(cfg, plan) -> dict[str, dict[str, int]]:
         owner = {cid: name for name, cid in dp.tenant_classes.items()}
         for f in dp.filters:
             mapping = getattr(f, "mapping", None)
-            if mapping is None:
+            if mapping is None or getattr(f, "kind", "ifindex") != "ifindex":
                 continue
             for _ifindex, cid in mapping:
                 if cid in owner:

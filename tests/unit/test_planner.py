@@ -206,6 +206,9 @@ def test_plan_invariants(specs):
     tenant_classes = [c for c in dp.classes if c.tenant]
     assert sum(c.rate_bps for c in dp.classes[1:]) <= dp.capacity_bps
     assert all(c.rate_bps <= c.ceil_bps <= dp.capacity_bps for c in tenant_classes)
-    prefixes = [f.prefix for f in dp.filters]
+    prefixes = [f.prefix for f in dp.filters if isinstance(f, U32Filter) and f.mark is None]
     assert len(prefixes) == len(set(prefixes)) == len(specs)
+    (mark_filter,) = [f for f in dp.filters if getattr(f, "kind", "") == "mark"]
+    values = [v for v, _, _ in mark_filter.mapping]
+    assert len(values) == len(set(values)) == len(specs)  # one distinct mark per tenant
     assert diff_device(dp, observed_from_plan(dp)).ops == []

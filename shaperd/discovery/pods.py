@@ -1,0 +1,59 @@
+"""Turn the pods the API reports into inventory Pods: where their packets enter the node.
+
+For a pod with an IP: the route to it gives the host-side interface (a
+routed veth, as Calico and Cilium set up); if that is a bridge, the
+neighbour and FDB tables give the bridge port (bridge and flannel plugins).
+For a hostNetwork pod: its cgroup v2 directory from the pod UID. What
+cannot be resolved yet is recorded as a problem and retried next time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..inventory import Link, Pod
+from ..kernel import links as klinks
+from . import cgroups
+
+
+def resolve(ipr, pod_infos, links: tuple[Link, ...], cgroup_root: Path | None) -> tuple[Pod, ...]:
+    by_index = {l.ifindex: l for l in links}
+    out = []
+    for info in sorted(pod_infos, key=lambda p: p.uid):
+        problems: list[str] = []
+        host_ifindex = host_ifname = None
+        cg = None
+        if info.host_network:
+            if cgroup_root is None:
+                problems.append("no cgroup v2 hierarchy mounted: hostNetwork pod cannot be recognised")
+            else:
+                cg = cgroups.pod_cgroup(cgroup_root, info.uid)
+                if cg is None:
+                    problems.append(f"no cgroup found for pod uid {info.uid} under {cgroup_root}")
+        elif not info.ips:
+            problems.append("no pod IP yet")
+        else:
+            for ip in info.ips:
+                oif = klinks.route_oif(ipr, ip)
+                link = by_index.get(oif) if oif else None
+                if link is None:
+                    continue
+                if link.kind == "bridge":
+                    port = klinks.bridge_port_of(ipr, link.ifindex, ip)
+                    link = by_index.get(port) if port else None
+                    if link is None:
+                        problems.append(f"{ip} is behind bridge {by_index[oif].name} but its port is not known yet")
+                        continue
+                if link.kind in ("veth", "netkit"):
+                    host_ifindex, host_ifname = link.ifindex, link.name
+                    break
+            if host_ifindex is None and not problems:
+                problems.append(f"no local host interface routes to {', '.join(info.ips)}")
+        out.append(
+            Pod(
+                uid=info.uid, namespace=info.namespace, name=info.name,
+                labels=tuple(sorted(info.labels.items())), ips=tuple(info.ips), host_network=info.host_network,
+                host_ifindex=host_ifindex, host_ifname=host_ifname, cgroup=cg, problems=tuple(problems),
+            )
+        )
+    return tuple(out)
