@@ -71,7 +71,7 @@ class TenantCollector(Collector):
             "over": CounterMetricFamily("shaperd_tenant_overlimits", "Times HTB throttled the class (its overlimits counter)", labels=L),
             "backlog": GaugeMetricFamily("shaperd_tenant_backlog_bytes", "Bytes queued in the tenant's class at the last sample", labels=L),
             "borrowed": CounterMetricFamily("shaperd_tenant_borrowed_bytes", "Bytes sent above the guarantee, summed per sample interval: max(0, sent - guarantee*dt)", labels=L),
-            "below": CounterMetricFamily("shaperd_tenant_below_guarantee_seconds", "Seconds the class had demand (queue non-empty at both ends of a sample interval, or overlimits rising) yet sent less than 98% of its guarantee", labels=L),
+            "below": CounterMetricFamily("shaperd_tenant_below_guarantee_seconds", "Seconds the class had demand (queue non-empty at both ends of a 0.5 s sample interval) yet sent less than 98% of its guarantee in it", labels=L),
         }
         for s in snap.series:
             lv = [s.target.tenant, s.target.device]
