@@ -66,14 +66,18 @@ def default_route_ifindexes(ipr: IPRoute) -> list[int]:
 
 
 def route_oif(ipr: IPRoute, ip: str) -> int | None:
-    """Output interface of the route to ``ip`` from this node, or None (no route)."""
+    """Interface a local endpoint ``ip`` is reached on directly, or None.
+
+    A route through a gateway (the default route, an overlay's next hop) means
+    the address does not live on this node.
+    """
     try:
         routes = list(ipr.route("get", dst=ip))
     except NetlinkError:
         return None
     for r in routes:
         oif = r.get_attr("RTA_OIF")
-        if oif:
+        if oif and not r.get_attr("RTA_GATEWAY") and not r.get_attr("RTA_VIA"):
             return oif
     return None
 

@@ -237,3 +237,36 @@ def test_deleted_pod_leaves_nothing_and_label_change_moves_it(node):
     assert "shpdm_" not in n.bed.exec("tc", "filter", "show", "dev", "vethd1", "ingress").stdout
     assert "c6121802" not in n.bed.exec("tc", "filter", "show", "dev", "up0").stdout
     assert n.apply().changes == 0
+
+
+def test_bad_pods_are_reported_and_never_cost_the_others(node, monkeypatch):
+    n = node
+    ns = veth_pod(n, "g", "vethg1", ["198.18.25.2/24"], ["198.18.25.1/24"], ["default via 198.18.25.1"])
+    veth_pod(n, "h", "vethh1", ["198.18.26.2/24"], ["198.18.26.1/24"], ["default via 198.18.26.1"])
+    n.pods.extend([
+        FakePod("uid-good", "team-a", "good", {"training-tenant": "tenant-a"}, ("198.18.25.2",)),
+        FakePod("uid-noip", "team-a", "pending", {"training-tenant": "tenant-a"}, ()),
+        FakePod("uid-gone", "team-a", "gone", {"training-tenant": "tenant-a"}, ("198.18.77.7",)),  # IP vanished
+        FakePod("uid-both", "team-b", "both", {"training-tenant": "tenant-a"}, ("198.18.26.2",)),  # two tenants
+        FakePod("uid-h", "team-a", "vanishing", {"training-tenant": "tenant-a"}, ("198.18.26.2",)),
+    ])
+    # The vanishing pod's interface disappears between the read and the write.
+    real_read = tc.read_marks
+
+    def read_then_delete(ipr):
+        out = real_read(ipr)
+        run("ip", "-n", n.bed.node, "link", "del", "vethh1", check=False)
+        return out
+
+    monkeypatch.setattr(tc, "read_marks", read_then_delete)
+    rep = n.rec.apply(n.cfg)
+    monkeypatch.setattr(tc, "read_marks", real_read)
+    warnings = "\n".join(rep.plan.warnings)
+    assert "pending" in warnings and "no pod IP yet" in warnings
+    assert "gone" in warnings and "198.18.77.7" in warnings
+    assert "team-b/both matches tenants tenant-a, tenant-b" in warnings
+    before = n.counters()
+    n.send(ns, "198.18.0.2", 100, 10)
+    assert delta(before, n.counters(), A) == (10, 10 * 142)  # the good pod is enforced regardless
+    again = n.apply()  # the next reconcile converges without the vanished interface
+    assert n.apply().changes == 0, again.devices
