@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Isolation benchmark: the source design's table on real namespaces, repeated.
+
+Builds the shaperd test bed (see ``shaperd/bed``), runs every scenario in
+every mode (unshaped, shaperd, hand-written tc) ``--repeats`` times with
+``--duration`` seconds of traffic per measurement, and prints markdown for
+BENCHMARKS.md: mean +- stdev (min..max) over the repeats, the targets, and
+the command that reproduces it.  ``--capacity`` takes several values to sweep
+shaperd's node.capacity against the fixed emulated link (headroom finding).
+
+Needs root, iproute2, iperf3, ping.  Typical: 3 repeats x 8 s = about 12 min.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from shaperd.bed import report, shaping  # noqa: E402
+from shaperd.bed.parse import summarize  # noqa: E402
+from shaperd.bed.scenarios import MODES, SCENARIOS, Settings, run_all  # noqa: E402
+from shaperd.bed.topology import Bed, BedConfig  # noqa: E402
+
+
+def _stat(vals: list[float | None], nd: int = 1, unit: str = "") -> str:
+    s = summarize([v for v in vals if v is not None])
+    if not s["n"]:
+        return "-"
+    if s["n"] == 1:
+        return f"{s['mean']:.{nd}f}{unit}"
+    return f"{s['mean']:.{nd}f}{unit} ± {s['stdev']:.{nd}f} ({s['min']:.{nd}f}..{s['max']:.{nd}f})"
+
+
+def one_round(link_mbit: int, settings: Settings, scenarios, modes, log) -> list[dict]:
+    with Bed(BedConfig(link_mbit=link_mbit)) as bed:
+        log(f"bed {bed.run_id}")
+        res = run_all(bed, settings, scenarios=scenarios, modes=modes, progress=log)
+    return [r.to_dict() for r in res]
+
+
+def source_table(rounds: list[list[dict]], modes: tuple[str, ...]) -> str:
+    rows_per_round = [report.source_rows(report.index(r), modes) for r in rounds]
+    lines = ["| scenario | source A / B / link | " + " | ".join(f"{m}: A / B / link (%)" for m in modes) + " |",
+             "|---|---|" + "---|" * len(modes)]
+    for i, (label, _, src) in enumerate(report.SOURCE_TABLE):
+        cells = []
+        for m in modes:
+            key = m if m in rows_per_round[0][i] else "none"
+            trip = [rows[i].get(key) or {} for rows in rows_per_round]
+            cells.append(" / ".join(_stat([t.get(f) for t in trip], 0) for f in ("a", "b", "link"))
+                         + (" (unshaped)" if key == "none" else ""))
+        lines.append(f"| {label} | {src[0]:g} / {src[1]:g} / {src[2]:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def targets_table(rounds: list[list[dict]], modes: tuple[str, ...]) -> str:
+    per = {m: [{t.target: t for t in report.targets(report.index(r), m)} for r in rounds] for m in modes}
+    lines = ["| target | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
+    for key, text in report.TARGETS.items():
+        cells = []
+        for m in modes:
+            vals = [x[key].value for x in per[m] if key in x]
+            oks = [x[key].ok for x in per[m] if key in x and x[key].ok is not None]
+            unit = " s" if key == "convergence" else (" ms p99" if key == "latency" else " %")
+            verdict = "" if not oks else (" ok" if all(oks) else f" MISSED {oks.count(False)}/{len(oks)}")
+            cells.append(_stat(vals, 3 if key in ("latency", "convergence") else 1, unit) + verdict)
+        lines.append(f"| {text} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def detail_table(rounds: list[list[dict]]) -> str:
+    keys = [f"{d['scenario']}/{d['mode']}" for d in rounds[0]]
+    lines = ["| scenario | mode | A goodput Mbit/s | B goodput Mbit/s | A % of G | B % of G | worst 1 s over L | "
+             "wire TBF drops | notes |", "|---|---|---|---|---|---|---|---|---|"]
+    for key in keys:
+        ds = [report.index(r).get(key) for r in rounds]
+        ds = [d for d in ds if d and not d.get("error")]
+        if not ds:
+            lines.append(f"| {key.split('/')[0]} | {key.split('/')[1]} | error | | | | | | |")
+            continue
+        sc, mode = key.split("/")
+
+        def tv(k, f):
+            return [d["tenants"][k].get(f) if k in d["tenants"] else None for d in ds]
+
+        a_g = [v / 1e6 if v else None for v in tv("a", "goodput_bps")]
+        b_g = [v / 1e6 if v else None for v in tv("b", "goodput_bps")]
+        worst = [max([t.get("limit_excess_pct") for t in d["tenants"].values()
+                      if t.get("limit_excess_pct") is not None], default=None) for d in ds]
+        drops = [d.get("qdiscs", {}).get("wire", {}).get("drops") for d in ds]
+        notes = ""
+        if sc == "converge":
+            notes = "B settles at G in " + _stat([d["extra"].get("settle_s") for d in ds], 2, " s")
+        if sc == "latency":
+            notes = ("B ping p50 " + _stat([d["extra"]["rtt"].get("p50_ms") for d in ds], 3, " ms")
+                     + ", p99 " + _stat([d["extra"]["rtt"].get("p99_ms") for d in ds], 3, " ms"))
+            if "idle_rtt" in ds[0]["extra"]:
+                notes += "; idle p50 " + _stat([d["extra"]["idle_rtt"].get("p50_ms") for d in ds], 3, " ms")
+        lines.append(f"| {sc} | {mode} | {_stat(a_g, 0)} | {_stat(b_g, 0)} | {_stat(tv('a', 'pct_of_guarantee'))} | "
+                     f"{_stat(tv('b', 'pct_of_guarantee'))} | {_stat(worst)} | {_stat(drops, 0)} | {notes} |")
+    return "\n".join(lines)
+
+
+def sweep_table(by_cap: dict[float, list[list[dict]]]) -> str:
+    lines = ["| shaperd node.capacity | worst guarantee % (sc. 3-5) | total goodput vs single tenant % | "
+             "worst 1 s over limit % | wire TBF drops (sc. 3-5) | B ping p99 (sc. 7) |", "|---|---|---|---|---|---|"]
+    for cap, rounds in by_cap.items():
+        tg = [{t.target: t for t in report.targets(report.index(r), "shaperd")} for r in rounds]
+        drops = []
+        p99 = []
+        for r in rounds:
+            idx = report.index(r)
+            drops.append(sum(idx[k].get("qdiscs", {}).get("wire", {}).get("drops", 0)
+                             for k in ("together/shaperd", "pressure/shaperd", "udp/shaperd") if k in idx))
+            lat = idx.get("latency/shaperd")
+            p99.append(lat["extra"]["rtt"].get("p99_ms") if lat and not lat.get("error") else None)
+        lines.append(f"| {cap / 1e6:g} Mbit/s | {_stat([x['guarantee'].value for x in tg])} | "
+                     f"{_stat([x['utilisation'].value for x in tg])} | {_stat([x['limit'].value for x in tg])} | "
+                     f"{_stat(drops, 0)} | {_stat(p99, 3, ' ms')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds per measurement (default 8)")
+    ap.add_argument("--link", type=int, default=1000, help="emulated link, Mbit/s (default 1000)")
+    ap.add_argument("--capacity", default="", help="shaperd node.capacity in Mbit/s; several, comma-separated, "
+                    "sweep it (default: the link rate)")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--json-out", help="also write every raw result here")
+    a = ap.parse_args(argv)
+    problems = shaping.prerequisites()
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 3
+    scenarios = tuple(a.scenarios.split(","))
+    modes = tuple(a.modes.split(","))
+    if "shaperd" in modes and not shaping.shaperd_available():
+        print("shaperd's CLI is not runnable; leaving the shaperd mode out", file=sys.stderr)
+        modes = tuple(m for m in modes if m != "shaperd")
+    caps = [float(x) * 1e6 for x in a.capacity.split(",") if x.strip()] or [None]
+    t0 = time.monotonic()
+
+    def log(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    by_cap: dict = {}
+    for cap in caps:
+        rounds = []
+        for i in range(a.repeats):
+            log(f"capacity {cap and cap / 1e6} round {i + 1}/{a.repeats}")
+            # the sweep only changes shaperd's rows: run the others once per round at the first capacity
+            m = modes if cap == caps[0] else tuple(x for x in modes if x in ("shaperd", "none"))
+            rounds.append(one_round(a.link, Settings(duration=a.duration, capacity_bps=cap), scenarios, m, log))
+        by_cap[cap if cap else a.link * 1e6] = rounds
+    shown = tuple(m for m in ("shaperd", "hand-tc") if m in modes)
+    first = next(iter(by_cap.values()))
+    cmd = " ".join(shlex.quote(x) for x in ["python3", "bench/isolation.py", *(argv if argv is not None else sys.argv[1:])])
+    iperf = subprocess.run(["iperf3", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    alone = [report.index(r).get("alone/none") for r in first]
+    single = [max(t["goodput_bps"] for t in d["tenants"].values()) / 1e6 for d in alone if d and not d.get("error")]
+    out = [f"### Isolation on the namespace bed ({a.link} Mbit/s emulated link)", "",
+           f"Reproduce (root): `{cmd}`  ",
+           f"{a.repeats} round(s), {a.duration:g} s per measurement; {os.cpu_count()} cores, Linux "
+           f"{platform.release()}, {iperf}. Figures are mean ± stdev (min..max) over rounds.  ",
+           f"Single unshaped tenant through the bed: {_stat(single, 0)} Mbit/s goodput "
+           f"({a.link} Mbit/s TBF; TCP payload is at most 1448/1514 = 95.6 % of it).", "",
+           "Source design's table (tenant % = goodput vs the same tenant alone unshaped; link % = goodput / link):", "",
+           source_table(first, shown), "", "Targets (L2 rate as tc accounts it):", "", targets_table(first, shown), "",
+           "Per scenario (G = guarantee, L = limit):", "", detail_table(first)]
+    if len(by_cap) > 1:
+        out += ["", "shaperd node.capacity vs the fixed link (headroom):", "", sweep_table(by_cap)]
+    print("\n".join(out))
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump({str(k): v for k, v in by_cap.items()}, f, default=str)
+    log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
