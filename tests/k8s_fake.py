@@ -184,10 +184,13 @@ class FakeKubeAPI:
         return self._emit(etype, obj) if isinstance(obj, dict) else self._emit(etype, None, json.dumps(
             {"type": etype, "object": obj}))
 
-    def garbage(self, line: str = "this is not json {") -> None:
-        """A line sent once to the watches open now (not kept in history)."""
+    def garbage(self, line: str = "this is not json {", persistent: bool = False) -> None:
+        """A line sent once to the watches open now; ``persistent``: kept in history at a
+        new version, so every watch resuming from before it gets it again (a poison event)."""
         with self._cond:
-            self.events.append((-1, "GARBAGE", None, line))
+            if persistent:
+                self.rv += 1
+            self.events.append((self.rv if persistent else -1, "GARBAGE", None, line))
             self._cond.notify_all()
 
     def compact(self) -> None:
@@ -329,7 +332,7 @@ class _Handler(BaseHTTPRequestHandler):
                     rv, etype, obj, raw = fake.events[pos]
                     pos += 1
                 if etype == "GARBAGE":
-                    if pos - 1 >= history_end:
+                    if rv > since or pos - 1 >= history_end:
                         self._chunk(raw)
                     continue
                 if etype == "BOOKMARK":

@@ -327,13 +327,15 @@ def _watch_class():
                 js = json.loads(data)
             except ValueError as e:
                 raise WatchStreamCorrupt("decode", "watch event", f"not JSON ({e}): {data[:80]!r}") from e
-            if not isinstance(js, dict) or not isinstance(js.get("type"), str) or not isinstance(js.get("object"), dict):
+            if not isinstance(js, dict) or not isinstance(js.get("type"), str) or "object" not in js:
                 raise WatchStreamCorrupt("decode", "watch event", f"not a {{type, object}} event: {data[:80]!r}")
-            if js["type"] == "ERROR" and not isinstance(js["object"].get("code"), int):
-                # the library indexes obj['code'] and obj['reason'] unguarded
-                raise WatchStreamCorrupt("decode", "watch ERROR event", f"no Status code: {data[:80]!r}")
-            js["object"].setdefault("reason", "")
-            js["object"].setdefault("message", "")
+            if js["type"] == "ERROR":
+                # the library indexes obj['code'], ['reason'], ['message'] unguarded
+                if not isinstance(js["object"], dict) or not isinstance(js["object"].get("code"), int):
+                    raise WatchStreamCorrupt("decode", "watch ERROR event", f"no Status code: {data[:80]!r}")
+                js["object"].setdefault("reason", "")
+                js["object"].setdefault("message", "")
+            # an event whose object is not a readable pod is the consumer's to skip, by name
             js["raw_object"] = js["object"]
             return js
 
@@ -375,6 +377,7 @@ class PodWatcher:
         self._pods: dict[str, PodInfo] = {}
         self._rv: str | None = None
         self._synced = False
+        self._has_synced = False
         self._last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -424,6 +427,12 @@ class PodWatcher:
         return self._synced
 
     @property
+    def has_synced(self) -> bool:
+        """True once a list has succeeded, and forever after (client-go's HasSynced).
+        Before that the empty snapshot means "unknown", not "no pods"."""
+        return self._has_synced
+
+    @property
     def last_error(self) -> str | None:
         return self._last_error
 
@@ -438,6 +447,7 @@ class PodWatcher:
         expired_in_a_row = 0
         need_list = True
         consistent = False  # after a 410, relist from the primary store, not the cache
+        corrupt_at: str | None = None  # the version we last resumed from after a corrupt line
         while not self._stop.is_set():
             try:
                 if need_list:
@@ -454,6 +464,14 @@ class PodWatcher:
                 expired_in_a_row += 1
                 if expired_in_a_row == 1:
                     continue  # relist at once: the server is up, our version is just old
+            except WatchStreamCorrupt as e:
+                self._fail(e)
+                if corrupt_at == self._rv:
+                    # resuming replayed the same corruption: a poison event in
+                    # history. Relisting moves past it instead of looping.
+                    need_list, consistent, corrupt_at = True, True, None
+                else:
+                    corrupt_at = self._rv
             except KubernetesError as e:
                 self._fail(e)
             except Exception as e:  # never let the thread die
@@ -478,6 +496,7 @@ class PodWatcher:
                              exc_info=exc_info)
 
     def _list(self, consistent: bool) -> None:
+        self._progress = False
         kw: dict[str, Any] = {}
         if not consistent:
             # "0": served from the API server's watch cache, which indexes pods by
@@ -516,7 +535,7 @@ class PodWatcher:
             changed = pods != self._pods
             self._pods = pods  # wholesale: pods deleted while we were away are gone
             self._rv = rv
-            self._synced = True
+            self._synced = self._has_synced = True
             self._last_error = None
         _log.info("k8s_pods_listed", node=self.node_name, pods=len(pods), resource_version=rv)
         if changed:

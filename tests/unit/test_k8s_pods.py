@@ -1,0 +1,118 @@
+"""PodInfo parsing from wire dicts and client-library models; backoff bounds."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from kubernetes import client
+
+from shaperd.discovery.kubernetes import Backoff, PodInfo, PodParseError
+
+
+def wire(**over) -> dict:
+    pod = {
+        "metadata": {"uid": "u1", "namespace": "team-a", "name": "train-0", "labels": {"tenant": "blue"},
+                     "resourceVersion": "5"},
+        "spec": {"nodeName": "n1", "containers": []},
+        "status": {"phase": "Running", "qosClass": "Burstable", "podIP": "10.1.0.5",
+                   "podIPs": [{"ip": "10.1.0.5"}, {"ip": "fd00:0:0::5"}]},
+    }
+    for path, value in over.items():
+        *parents, leaf = path.split("__")
+        d = pod
+        for p in parents:
+            d = d[p]
+        if value is KeyError:
+            d.pop(leaf, None)
+        else:
+            d[leaf] = value
+    return pod
+
+
+def test_from_dict_full():
+    p = PodInfo.from_dict(wire())
+    assert p == PodInfo(uid="u1", namespace="team-a", name="train-0", labels={"tenant": "blue"},
+                        ips=("10.1.0.5", "fd00::5"), host_network=False, qos_class="Burstable",
+                        phase="Running", node="n1")
+    assert p.key == "team-a/train-0"
+
+
+def test_labels_are_immutable_and_pods_hashable():
+    p = PodInfo.from_dict(wire())
+    with pytest.raises(TypeError):
+        p.labels["tenant"] = "red"  # type: ignore[index]
+    assert hash(p) == hash(PodInfo.from_dict(wire()))
+    assert p != PodInfo.from_dict(wire(metadata__labels={"tenant": "red"}))
+
+
+def test_ip_fallbacks_and_defaults():
+    assert PodInfo.from_dict(wire(status__podIPs=KeyError)).ips == ("10.1.0.5",)
+    pending = PodInfo.from_dict(wire(status={"phase": "Pending"}))
+    assert pending.ips == () and pending.qos_class is None and pending.phase == "Pending"
+    bare = PodInfo.from_dict({"metadata": {"uid": "u", "namespace": "n", "name": "x"}})
+    assert bare.labels == {} and bare.phase == "Unknown" and bare.node == "" and not bare.host_network
+    assert PodInfo.from_dict(wire(metadata__labels=None)).labels == {}
+    assert PodInfo.from_dict(wire(spec__hostNetwork=True)).host_network is True
+
+
+def test_status_ignored_fields_do_not_change_equality():
+    a = PodInfo.from_dict(wire())
+    b = PodInfo.from_dict(wire(status__conditions=[{"type": "Ready"}], metadata__resourceVersion="9",
+                               metadata__annotations={"x": "y"}))
+    assert a == b
+
+
+@pytest.mark.parametrize("over, path", [
+    ({"metadata": "x"}, "metadata"),
+    ({"metadata__uid": KeyError}, "metadata.uid"),
+    ({"metadata__name": 5}, "metadata.name"),
+    ({"metadata__labels": ["a"]}, "metadata.labels"),
+    ({"metadata__labels": {"tenant": 1}}, "metadata.labels.tenant"),
+    ({"spec": []}, "spec"),
+    ({"spec__hostNetwork": "yes"}, "spec.hostNetwork"),
+    ({"status__podIPs": "10.0.0.1"}, "status.podIPs"),
+    ({"status__podIPs": [{"ip": "10.0.0.300"}]}, "status.podIPs[0].ip"),
+    ({"status__podIPs": [{"address": "10.0.0.1"}]}, "status.podIPs[0].ip"),
+    ({"status__podIPs": KeyError, "status__podIP": 7}, "status.podIP"),
+    ({"status__qosClass": 3}, "status.qosClass"),
+    ({"status__phase": ["Running"]}, "status.phase"),
+])
+def test_malformed_names_pod_and_field(over, path):
+    with pytest.raises(PodParseError) as ei:
+        PodInfo.from_dict(wire(**over))
+    assert ei.value.path == path
+    msg = str(ei.value)
+    assert msg.startswith("parse pod ") and f"{path}: expected" in msg
+    if path not in ("metadata",):
+        assert "train-0" in msg or "metadata.name" in path
+
+
+def test_not_an_object():
+    with pytest.raises(PodParseError, match="expected an object"):
+        PodInfo.from_dict("nope")
+
+
+def test_from_api_model():
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(uid="u2", namespace="ns", name="p", labels={"tenant": "red"}),
+        spec=client.V1PodSpec(node_name="n1", host_network=True, containers=[client.V1Container(name="c")]),
+        status=client.V1PodStatus(phase="Running", qos_class="Guaranteed", pod_ip="192.0.2.1",
+                                  pod_ips=[client.V1PodIP(ip="192.0.2.1"), client.V1PodIP(ip="2001:db8::1")]),
+    )
+    p = PodInfo.from_api(pod)
+    assert p == PodInfo(uid="u2", namespace="ns", name="p", labels={"tenant": "red"},
+                        ips=("192.0.2.1", "2001:db8::1"), host_network=True, qos_class="Guaranteed",
+                        phase="Running", node="n1")
+    assert PodInfo.from_api(wire()) == PodInfo.from_dict(wire())
+
+
+def test_backoff_grows_caps_and_jitters():
+    b = Backoff(initial_s=0.5, max_s=30, factor=2, jitter=0.5)
+    rng = random.Random(1)
+    for attempt in range(12):
+        ceiling = min(30, 0.5 * 2 ** attempt)
+        for _ in range(20):
+            d = b.delay_s(attempt, rng)
+            assert ceiling / 2 <= d <= ceiling
+    assert Backoff(jitter=0).delay_s(100, rng) == 30
