@@ -126,8 +126,7 @@ def load_client_config(kubeconfig: str | None = None):
             "pass --kubeconfig or set KUBECONFIG",
         )
     try:
-        config.load_kube_config(config_file=source if kubeconfig or os.environ.get("KUBECONFIG") else paths[0],
-                                client_configuration=cfg, persist_config=False)
+        config.load_kube_config(config_file=os.pathsep.join(paths), client_configuration=cfg, persist_config=False)
     except Exception as e:  # ConfigException, yaml errors, bad base64 in certs ...
         raise KubernetesConfigError("load", f"kubeconfig {source}", f"{type(e).__name__}: {e}") from e
     return cfg
