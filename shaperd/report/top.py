@@ -1,7 +1,8 @@
 """``shaperd top``: a refreshing per-tenant view of one node, read straight from the kernel.
 
 Works with or without the daemon: it samples class counters like ``shaperd
-status`` (report/status.py) and feeds them through the same accounting as
+status`` (report/status.py: same classes, same labels via class_labels; read
+through kernel/tcstats.py like the daemon's sampler) and feeds them through the same accounting as
 the daemon's metrics (report/sampler.py), so "borrowed" and "below
 guarantee" mean the same thing in both places (accumulated since ``top``
 started). Guarantee and limit are what the kernel enforces (HTB rate/ceil).
@@ -17,7 +18,7 @@ import time
 from ..state import fmt_handle
 from ..units import format_rate
 from .sampler import Accumulator, TenantSeries, Target
-from .status import class_labels, sample
+from .status import class_labels
 
 BAR_WIDTH = 30
 CLEAR = "\x1b[H\x1b[2J"
@@ -76,9 +77,9 @@ def render(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, 
 
 
 def main(args) -> int:
-    from ..kernel import tc
+    from ..kernel.tcstats import StatsReader
 
-    ipr = tc.open_netlink(getattr(args, "netns", None))
+    reader = StatsReader(getattr(args, "netns", None))
     labels = class_labels(args.config)
     acc = Accumulator(rate_window_s=max(2.0, args.interval))
     tty = sys.stdout.isatty()
@@ -86,7 +87,7 @@ def main(args) -> int:
     n = 0
     try:
         while True:
-            stats = sample(ipr)
+            stats = reader.sample()
             targets = {k: Target(labels[k[1]], k[0], k[1]) for k in stats
                        if k[1] in labels and not labels[k[1]].startswith("(")}
             acc.ingest(time.monotonic(), stats, targets)
@@ -100,4 +101,4 @@ def main(args) -> int:
             n += 1
             time.sleep(args.interval)
     finally:
-        ipr.close()
+        reader.close()

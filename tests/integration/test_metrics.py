@@ -243,3 +243,15 @@ def test_starved_tenant_counts_time_below_guarantee(bed, daemon):
     assert below <= 6.5
     for idle in ("beta", "capped"):  # no demand, no starvation
         assert val(m1, "shaperd_tenant_below_guarantee_seconds_total", idle) == 0
+
+
+def test_top_prints_plain_rows_per_tenant_when_not_a_terminal(bed, daemon, tmp_path):
+    bed.send("198.18.2.1", "198.18.0.2", 1000, 500)
+    out = bed.shaperd("top", "--config", str(tmp_path / "tenants.yaml"), "-n", "2", "--interval", "0.3")
+    assert out.returncode == 0, out.stderr
+    assert "\x1b" not in out.stdout
+    views = [v for v in out.stdout.split("shaperd top") if v.strip()]
+    assert len(views) == 2
+    for name in ("alpha", "beta", "capped"):
+        assert f"\n{name} " in views[-1]
+    assert "100Mbps" in views[-1] and "500Mbps" in views[-1]  # beta's guarantee and limit
