@@ -69,7 +69,7 @@ def _table(rows) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
-def _reconciler(args, probe: bool = True):
+def _reconciler(args, probe: bool = True, pods_source=None):
     from .kernel import tc
     from .kernel.probe import probe_capabilities
     from .inventory import Capabilities
@@ -82,7 +82,8 @@ def _reconciler(args, probe: bool = True):
         caps = Capabilities(bpf=True, leaf_kinds=frozenset({"bfifo"}),
                             notes=("not root: capabilities assumed (htb, u32, cls_bpf, bfifo leaves)",))
     ipr = tc.open_netlink(getattr(args, "netns", None))
-    return Reconciler(ipr, caps, take_over=getattr(args, "take_over", False), sysfs_root=args.sysfs_root)
+    return Reconciler(ipr, caps, take_over=getattr(args, "take_over", False), sysfs_root=args.sysfs_root,
+                      pods_source=pods_source)
 
 
 def _print_plan_notes(plan, caps) -> None:
@@ -158,8 +159,16 @@ def cmd_teardown(args) -> int:
 def cmd_run(args) -> int:
     from .daemon import Daemon
 
-    d = Daemon(args.config, lambda: _reconciler(args), resync_interval_s=args.resync_interval,
-               metrics_address=args.metrics_address, netns=getattr(args, "netns", None))
+    factory = None
+    node_name = args.node_name or os.environ.get("NODE_NAME")
+    if node_name and not args.no_kubernetes:
+        from .discovery.kubernetes import PodWatcher
+
+        def factory(on_change):
+            return PodWatcher(node_name, on_change=on_change, kubeconfig=args.kubeconfig)
+
+    d = Daemon(args.config, lambda pods: _reconciler(args, pods_source=pods), resync_interval_s=args.resync_interval,
+               metrics_address=args.metrics_address, netns=getattr(args, "netns", None), pod_watcher_factory=factory)
     return d.run()
 
 
@@ -221,6 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-address", default=DEFAULT_METRICS_ADDRESS, metavar="HOST:PORT",
                    help=f"serve /metrics, /healthz, /readyz here (default {DEFAULT_METRICS_ADDRESS}, "
                         "all interfaces; empty to disable)")
+    p.add_argument("--node-name", default=None,
+                   help="watch this node's pods through the Kubernetes API (default: $NODE_NAME; unset: no Kubernetes)")
+    p.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig for the API (default: in-cluster service account, else $KUBECONFIG, ~/.kube/config)")
+    p.add_argument("--no-kubernetes", action="store_true", help="do not watch pods even if NODE_NAME is set")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("status", help="live per-tenant class stats from the kernel")

@@ -29,6 +29,8 @@ FILE_POLL_S = 1.0
 EVENT_DEBOUNCE_S = 0.2
 # After a failed reconcile (e.g. netlink error), retry sooner than the resync period.
 RETRY_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+# Pod events: a short coalescing window keeps "classified within 1 s of the API event".
+POD_DEBOUNCE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def stamp(path: str) -> FileStamp | None:
 
 class Daemon:
     def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0,
-                 metrics_address: str | None = None, netns: str | None = None):
+                 metrics_address: str | None = None, netns: str | None = None, pod_watcher_factory=None):
         self.path = config_path
         self.make_reconciler = make_reconciler
         self.resync_s = resync_interval_s
@@ -69,6 +71,11 @@ class Daemon:
         # enforces was already applied successfully once.
         self.config_gen = 0
         self.applied_gen: int | None = None
+        # Kubernetes discovery: factory(on_change) -> discovery.kubernetes.PodWatcher; None on bare metal.
+        self.pod_watcher_factory = pod_watcher_factory
+        self.pods = None
+        self.pods_changed = False
+        self._wake_fd: int | None = None
 
     # -- signals -------------------------------------------------------
     def _on_term(self, signum, _frame) -> None:
@@ -108,8 +115,13 @@ class Daemon:
         rpipe, wpipe = os.pipe()
         os.set_blocking(wpipe, False)
         signal.set_wakeup_fd(wpipe)
-        events = KernelEvents()
-        rec = self.make_reconciler()
+        events = KernelEvents(self.netns)
+        self._wake_fd = wpipe
+        if self.pod_watcher_factory is not None:
+            self.pods = self.pod_watcher_factory(self._on_pods_changed)
+            self.pods.start()
+            self.log.info("watching pods", node=self.pods.node_name if hasattr(self.pods, "node_name") else None)
+        rec = self.make_reconciler(self._pods_snapshot if self.pods is not None else None)
         server = self._start_observability()
         self.log.info("started", config=self.path, resync_interval_s=self.resync_s,
                       capabilities=list(rec.capabilities.notes))
@@ -121,6 +133,8 @@ class Daemon:
             while not self.stop:
                 if self.metrics:
                     self.metrics.tick()
+                    if self.pods is not None:
+                        self.metrics.kubernetes(self.pods.synced, self.pods.last_error)
                 now = time.monotonic()
                 timeout = max(0.0, min(due if due is not None else next_resync, next_resync, next_poll) - now)
                 ready, _, _ = select.select([events, rpipe], [], [], timeout)
@@ -132,6 +146,10 @@ class Daemon:
                     if links or tcs:
                         soon = now + EVENT_DEBOUNCE_S
                         due = soon if due is None else min(due, soon)
+                if self.pods_changed:
+                    self.pods_changed = False
+                    soon = now + POD_DEBOUNCE_S
+                    due = soon if due is None else min(due, soon)
                 if self.reload_requested:
                     self.reload_requested = False
                     if self.load("SIGHUP"):
@@ -147,6 +165,8 @@ class Daemon:
                     events.drain()  # the echo of our own writes is not news
                     next_resync = time.monotonic() + self.resync_s
         finally:
+            if self.pods is not None:
+                self.pods.stop()
             if server is not None:
                 server.stop()
             if self.sampler is not None:
@@ -158,10 +178,30 @@ class Daemon:
         self.log.info("stopped; enforcement left in place", reconciles=self.reconciles)
         return 0
 
+    def _on_pods_changed(self) -> None:
+        """Called on the watcher's thread: flag and wake the loop (a pipe write is thread-safe)."""
+        self.pods_changed = True
+        if self._wake_fd is not None:
+            try:
+                os.write(self._wake_fd, b"p")
+            except OSError:
+                pass  # pipe full: the loop is awake anyway
+
+    def _pods_snapshot(self):
+        return list(self.pods.snapshot().values())
+
     def reconcile(self, rec) -> float | None:
         """One reconcile; returns when to retry (None = wait for the next trigger)."""
         if self.config is None:
             return None
+        if self.pods is not None:
+            if self.metrics:
+                self.metrics.kubernetes(self.pods.synced, self.pods.last_error)
+            if not self.pods.has_synced:
+                # Until the first pod list, an empty snapshot means "unknown", not "no pods":
+                # leave the kernel as it is (a restarted agent keeps the previous enforcement).
+                self.log.info("waiting for the first pod list before reconciling", error=self.pods.last_error)
+                return time.monotonic() + 1.0
         self.reconciles += 1
         gen = self.config_gen
         start = time.perf_counter()
@@ -217,6 +257,11 @@ class Daemon:
 
         eps = endpoints_from_plan(self.config, rep.plan) if self.config else None
         self.metrics.reconciled(rep.duration_s, report_error_kinds(rep), ok=ok, drift=drift, endpoints=eps)
+        if self.pods is not None and self.config is not None:
+            pods = {t.name: 0 for t in self.config.tenants}
+            for tenant in rep.plan.pod_tenants.values():
+                pods[tenant] = pods.get(tenant, 0) + 1
+            self.metrics.kubernetes(self.pods.synced, self.pods.last_error, pods)
         if self.sampler is not None:
             self.sampler.set_targets(targets_from_plan(rep.plan))
 

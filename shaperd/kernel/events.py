@@ -18,10 +18,25 @@ _NLMSGHDR = struct.Struct("=IHHII")
 
 
 class KernelEvents:
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, NETLINK_ROUTE)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        self.sock.bind((0, RTMGRP_LINK | RTMGRP_TC))
+    def __init__(self, netns: str | None = None) -> None:
+        if netns:
+            # A socket belongs to the namespace it was created in; only this thread switches.
+            from pyroute2 import netns as nsmod
+
+            nsmod.pushns(netns)
+            try:
+                self.sock = self._open()
+            finally:
+                nsmod.popns()
+        else:
+            self.sock = self._open()
+
+    @staticmethod
+    def _open() -> socket.socket:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, NETLINK_ROUTE)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        sock.bind((0, RTMGRP_LINK | RTMGRP_TC))
+        return sock
 
     def fileno(self) -> int:
         return self.sock.fileno()

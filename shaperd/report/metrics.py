@@ -35,6 +35,10 @@ RECONCILE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 ERROR_KINDS = ("netlink", "discovery", "internal", "device_read", "kernel_write", "foreign_qdisc", "plan")
 
 
+# How long the pod watch may be out of sync (reconnects, relists) before /readyz says so.
+K8S_UNSYNCED_GRACE_S = 30.0
+
+
 @dataclass
 class AgentState:
     """What the daemon loop records; read by the agent collector and the health endpoints."""
@@ -50,6 +54,11 @@ class AgentState:
     config_loaded: bool = False
     tenants: int | None = None
     endpoints: dict[str, dict[str, int]] = field(default_factory=dict)  # tenant -> kind -> n
+    # Kubernetes discovery: None when the agent does not watch pods.
+    k8s_synced: bool | None = None
+    k8s_unsynced_since: float | None = None
+    k8s_error: str | None = None
+    pods: dict[str, int] | None = None  # tenant -> pods mapped to it (only with Kubernetes discovery)
     last_tick_mono: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -133,6 +142,13 @@ class AgentCollector(Collector):
                     for kind, n in sorted(kinds.items()):
                         ep.add_metric([tenant, kind], n)
                 yield ep
+            if st.k8s_synced is not None:
+                yield GaugeMetricFamily("shaperd_kubernetes_synced", "1 while the pod list/watch is in sync with the API server; 0 while it is not (the last known pods stay enforced)", value=1 if st.k8s_synced else 0)
+            if st.pods is not None:
+                pf = GaugeMetricFamily("shaperd_tenant_pods", "Pods on this node mapped to the tenant", labels=["tenant"])
+                for tenant, n in sorted(st.pods.items()):
+                    pf.add_metric([tenant], n)
+                yield pf
         yield from self.hist.collect()
         info = GaugeMetricFamily("shaperd_build_info", "Version of the running agent", labels=["version"])
         info.add_metric([__version__], 1)
@@ -216,6 +232,16 @@ class Metrics:
             if endpoints is not None:
                 self.state.endpoints = endpoints
 
+    def kubernetes(self, synced: bool, error: str | None, pods: dict[str, int] | None = None) -> None:
+        with self.state.lock:
+            if synced:
+                self.state.k8s_unsynced_since = None
+            elif self.state.k8s_synced is not False or self.state.k8s_unsynced_since is None:
+                self.state.k8s_unsynced_since = time.monotonic()
+            self.state.k8s_synced, self.state.k8s_error = synced, error
+            if pods is not None:
+                self.state.pods = pods
+
     # -- health -------------------------------------------------------
     def healthy(self, max_tick_age_s: float = 10.0) -> tuple[bool, str]:
         age = time.monotonic() - self.state.last_tick_mono
@@ -229,6 +255,10 @@ class Metrics:
             return False, "no reconcile yet"
         if not st.last_reconcile_ok:
             return False, "the last reconcile failed"
+        # A brief watch reconnect is normal; not in sync for longer means the pod mapping may be stale.
+        if st.k8s_synced is False and st.k8s_unsynced_since is not None \
+                and time.monotonic() - st.k8s_unsynced_since > K8S_UNSYNCED_GRACE_S:
+            return False, f"pod watch not in sync with the API server: {st.k8s_error or 'reconnecting'}"
         return True, "ok"
 
 

@@ -266,12 +266,19 @@ def targets_from_plan(plan) -> dict[tuple[str, int], Target]:
 
 
 def endpoints_from_plan(cfg, plan) -> dict[str, dict[str, int]]:
-    """tenant -> {"cidr": n, "interface": n}: configured prefixes and host interfaces matched now.
+    """tenant -> {"cidr": n, "interface": n, "cgroup": n}: endpoints mapped and enforced now.
 
-    Interfaces count only where they are enforced (the cls_bpf mapping of
-    the plan); pods are not counted until a pod source exists.
+    Interfaces and cgroups count only where they are enforced (the cls_bpf
+    mappings of the plan); pods have their own series (shaperd_tenant_pods).
     """
-    out = {t.name: {"cidr": len(t.match.cidrs), "interface": 0} for t in cfg.tenants}
+    out = {t.name: {"cidr": len(t.match.cidrs), "interface": 0, "cgroup": 0} for t in cfg.tenants}
+    for dp in plan.devices[:1]:
+        owner = {cid: name for name, cid in dp.tenant_classes.items()}
+        for f in dp.filters:
+            if getattr(f, "kind", "") == "cgroup":
+                for _level, _id, cid in f.mapping:
+                    if cid in owner:
+                        out[owner[cid]]["cgroup"] += 1
     for dp in plan.devices:
         owner = {cid: name for name, cid in dp.tenant_classes.items()}
         for f in dp.filters:
