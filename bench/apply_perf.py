@@ -1,0 +1,777 @@
+#!/usr/bin/env python3
+"""Benchmark: time and peak memory of a first apply and an in-sync resync.
+
+The issue's scenario: 64 tenants and 500 source prefixes (IPv4 /24s and /32s
+from 198.18.0.0/15, IPv6 /64s from 2001:db8::/32) on one device with
+node.capacity 100Gbps, beside ``tc -batch`` of the very same objects, measured
+in the same run.
+
+    sudo /tmp/venv/bin/python bench/apply_perf.py [--runs N] [--json] [--no-profile] [--no-cli]
+
+Each run builds a fresh network namespace holding one veth pair ``sh0``/``sh0p``
+(re-created between phases so every "first" sees a fresh device) and measures:
+
+a. first apply: wall time of ``Reconciler.apply`` on the fresh device
+   (Python import, opening the netlink socket and the one-time capability
+   probe are excluded there and reported on their own lines);
+b. in-sync resync: ``apply`` again on the same socket; it must make 0 changes;
+c. ``tc -n NS -batch FILE`` of ``render.device_commands`` of the same plan on a
+   fresh device (wall time of the child process, fork+exec included; an empty
+   batch file is timed too so the exec cost can be subtracted), then checked:
+   shaperd's diff of the tc-built device against the plan must be empty;
+d. memory: tracemalloc peak of Python allocations during (a) and (b), in a
+   separate pass on another fresh device (tracing slows Python 2-3x, so it is
+   never on while timing); ru_maxrss of this process (whole-process peak RSS,
+   interpreter and imports included, monotonic) and of the ``tc`` child;
+e. (unless --no-cli) the one-shot CLI end to end, ``shaperd apply --netns``
+   on a fresh device: interpreter start, imports, probe and apply, with its
+   ru_maxrss.
+
+Logging stays on as in production (JSON lines, one per kernel change) but
+goes to /dev/null. After the runs, one first apply and one resync are run
+under cProfile and broken down by stage and by owner (pyroute2, shaperd,
+asyncio, syscalls), and each piece of a reconcile is also timed on its own
+without the profiler. Namespaces are removed on any exit, SIGTERM included.
+
+Exit status: 0 when both aims hold (first apply < 250 ms, resync < 50 ms,
+medians), 1 when one does not, 2 when it cannot run (not root, no tc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import ipaddress
+import json
+import os
+import platform
+import pstats
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from contextlib import contextmanager, redirect_stderr
+
+TENANTS = 64
+PREFIXES = 500
+CAPACITY = "100Gbps"
+DEVICE = "sh0"
+
+_V4_NET = ipaddress.ip_network("198.18.0.0/15")
+_V6_NET = ipaddress.ip_network("2001:db8::/32")
+
+
+# ------------------------------------------------------------------ inputs (pure)
+
+
+def make_prefixes(n: int = PREFIXES) -> list[str]:
+    """``n`` distinct source prefixes: 60 % IPv4 /24, 30 % IPv4 /32, 10 % IPv6 /64.
+
+    /24s count up from 198.18.0.0; /32s count down from 198.19.255.255 (so
+    they never fall inside one of the /24s for n <= 800); /64s are
+    2001:db8:0:<i>::/64.
+    """
+    n24 = n * 6 // 10
+    n32 = n * 3 // 10
+    n64 = n - n24 - n32
+    if n24 + n32 // 256 + 1 > 512 - 1:
+        raise ValueError(f"{n} prefixes do not fit in 198.18.0.0/15")
+    base = int(_V4_NET.network_address)
+    top = int(_V4_NET.broadcast_address)
+    out = [f"{ipaddress.IPv4Address(base + (i << 8))}/24" for i in range(n24)]
+    out += [f"{ipaddress.IPv4Address(top - i)}/32" for i in range(n32)]
+    v6 = int(_V6_NET.network_address)
+    out += [f"{ipaddress.IPv6Address(v6 + (i << 64))}/64" for i in range(n64)]
+    return out
+
+
+def make_config_dict(tenants: int = TENANTS, prefixes: int = PREFIXES, device: str = DEVICE) -> dict:
+    """A tenants file (as a dict) for ``from_dict``: varied guarantees, limits, priorities.
+
+    Guarantees cycle 0.5/1/1.5/2 Gbps (80 Gbps in all for 64 tenants, under
+    100 Gbps less the 1 % default reserve); limits cycle none/5/10/40/100 Gbps
+    (never below the guarantee; 40 and 100 Gbps need the 64-bit rate
+    attributes); priorities take 10 distinct values, more than HTB's 7 tenant
+    levels. Prefix i goes to tenant i mod ``tenants``.
+    """
+    guarantees_mbps = (500, 1000, 1500, 2000)
+    limits_mbps = (None, 5000, 10000, 40000, 100000)
+    pfx = make_prefixes(prefixes)
+    out = []
+    for i in range(tenants):
+        g = guarantees_mbps[i % len(guarantees_mbps)]
+        lim = limits_mbps[i % len(limits_mbps)]
+        t: dict = {
+            "name": f"tenant-{i:02d}",
+            "bandwidthGuarantee": f"{g}Mbps",
+            "priority": (i * 7) % 10 * 10,
+            "match": {"cidrs": pfx[i::tenants]},
+        }
+        if lim is not None:
+            t["bandwidthLimit"] = f"{max(lim, g)}Mbps"
+        out.append(t)
+    return {"node": {"interfaces": [device], "capacity": CAPACITY}, "tenants": out}
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def summary(xs: list[float]) -> dict:
+    if not xs:
+        return {}
+    med = statistics.median(xs)
+    lo, hi = min(xs), max(xs)
+    return {"median": med, "min": lo, "max": hi, "spread": hi - lo,
+            "spread_pct": (hi - lo) / med * 100 if med else 0.0, "n": len(xs), "samples": xs}
+
+
+# ------------------------------------------------------------------ namespaces
+
+
+class Bench:
+    """Namespaces this process created; all removed by ``cleanup``."""
+
+    def __init__(self) -> None:
+        from pyroute2 import netns
+
+        self._netns = netns
+        self.created: list[str] = []
+        self.owner = os.getpid()
+        self.prefix = f"shpb-{os.getpid()}-"
+
+    def new_netns(self, tag: str) -> str:
+        name = f"{self.prefix}{tag}"
+        self._netns.create(name)
+        self.created.append(name)
+        return name
+
+    def remove(self, name: str) -> None:
+        try:
+            self._netns.remove(name)
+        except OSError:
+            pass
+        if name in self.created:
+            self.created.remove(name)
+
+    def cleanup(self) -> None:
+        if os.getpid() != self.owner:
+            return  # a forked helper child: the namespaces are the parent's
+        for name in list(self.created):
+            self.remove(name)
+
+
+def fresh_veth(ns: str, name: str = DEVICE) -> int:
+    """(Re)create the veth pair ``name``/``name``p in ``ns``, both up; returns ``name``'s ifindex.
+
+    With ip(8), not a second pyroute2 socket: two IPRoute objects open at once
+    in one thread can hang pyroute2 0.9's shared event loop.
+    """
+    ip = ["ip", "-n", ns]
+    subprocess.run(ip + ["link", "del", name], capture_output=True)  # absent on the first call
+    subprocess.run(ip + ["link", "add", name, "type", "veth", "peer", "name", f"{name}p"], check=True)
+    for n in (name, f"{name}p"):
+        subprocess.run(ip + ["link", "set", n, "up"], check=True)
+    out = subprocess.run(ip + ["-o", "link", "show", name], capture_output=True, text=True, check=True).stdout
+    return int(out.split(":", 1)[0])
+
+
+def run_child(argv: list[str], stdout_path: str = os.devnull) -> tuple[float, int, int, str]:
+    """(wall seconds, exit code, child's ru_maxrss KiB, stderr) of one child process."""
+    with open(stdout_path, "wb") as out, tempfile.TemporaryFile() as err:
+        t = time.perf_counter()
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return wall, p.returncode, ru.ru_maxrss, err.read().decode(errors="replace")
+
+
+def child_maxrss_kib(argv: list[str]) -> int | None:
+    """Peak RSS (KiB) of ``argv`` as GNU time(1) reports it, or None without /usr/bin/time.
+
+    Not wait4() from here: Linux carries the RSS high-water mark of the
+    forking process across exec, so any child of this ~60 MiB Python would
+    report at least that. time(1) is small, so its child's figure is the
+    child's own.
+    """
+    gnu_time = "/usr/bin/time"
+    if not os.path.exists(gnu_time):
+        return None
+    with tempfile.NamedTemporaryFile("r") as f:
+        wall, rc, _, err = run_child([gnu_time, "-f", "%M", "-o", f.name] + argv)
+        if rc != 0:
+            raise RuntimeError(f"{' '.join(argv)} exited {rc}: {err.strip()[-500:]}")
+        return int(f.read().strip().splitlines()[-1])
+
+
+def maxrss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+# ------------------------------------------------------------------ one-time costs
+
+
+_IMPORTS = ("shaperd.config", "shaperd.reconciler", "shaperd.kernel.tc", "shaperd.kernel.probe", "shaperd.render")
+
+
+def time_imports(repeat: int = 5) -> dict:
+    """Fresh interpreters: bare start-up, and the import of what a one-shot apply needs."""
+    code = ("import time; t=time.perf_counter(); import " + ", ".join(_IMPORTS) +
+            "; print(time.perf_counter()-t)")
+    imports, startup = [], []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        imports.append(float(out.stdout.strip()))
+        wall, _, _, _ = run_child([sys.executable, "-c", "pass"])
+        startup.append(wall)
+    return {"import_s": summary(imports), "interpreter_start_s": summary(startup)}
+
+
+# ------------------------------------------------------------------ profiling
+
+
+def _stage_times(st: pstats.Stats) -> dict[str, float]:
+    """Cumulative seconds of the reconcile stages, from the profile's call graph."""
+    raw = st.stats  # (file, line, func) -> (cc, nc, tt, ct, callers)
+
+    def ct(file_end: str, func: str) -> float:
+        return sum(v[3] for k, v in raw.items() if k[0].endswith(file_end) and k[2] == func)
+
+    def edge_ct(callee_pred, caller_pred) -> float:
+        total = 0.0
+        for k, v in raw.items():
+            if not callee_pred(k):
+                continue
+            for ck, cv in v[4].items():
+                if caller_pred(ck):
+                    total += cv[3]
+        return total
+
+    in_tc = lambda k: k[0].endswith("shaperd/kernel/tc.py")  # noqa: E731
+    read = ct("shaperd/kernel/tc.py", "read_device")
+    owned = ct("shaperd/kernel/tc.py", "owned_ifindexes")
+    marks = ct("shaperd/kernel/tc.py", "read_marks")
+    rd_dump = edge_ct(lambda k: in_tc(k) and k[2] == "_dump", lambda ck: in_tc(ck) and ck[2] == "read_device")
+    build = ct("shaperd/kernel/tc.py", "build_message")
+    send = edge_ct(lambda k: k[2] == "nlm_request_batch" and "pyroute2" in k[0], lambda ck: in_tc(ck))
+    apply_ops = ct("shaperd/kernel/tc.py", "apply_ops")
+    logs = edge_ct(lambda k: "structlog" in k[0], lambda ck: ck[0].endswith("shaperd/reconciler.py"))
+    total = ct("shaperd/reconciler.py", "apply")
+    stages = {
+        "discover links (RTM_GETLINK + RTM_GETROUTE dumps)": ct("shaperd/reconciler.py", "inventory"),
+        "plan (pure)": ct("shaperd/planner.py", "plan"),
+        "read device: 3 dumps (pyroute2 recv+parse)": rd_dump,
+        "read device: messages -> state (pyroute2 get_attr)": read - rd_dump,
+        "GC: dump of all qdiscs (owned_ifindexes)": owned,
+        "marks: dump of all qdiscs + clsact filters": marks,
+        "diff (pure)": ct("shaperd/diff.py", "diff_device"),
+        "write: build tcmsg (shaperd build_message)": build,
+        "write: pyroute2 encode + send + read acks": send,
+        "write: rest of apply_ops": apply_ops - build - send,
+        "log one line per change (structlog)": logs,
+    }
+    stages["other"] = total - sum(stages.values())
+    stages["TOTAL Reconciler.apply"] = total
+    return stages
+
+
+def _owner_times(st: pstats.Stats) -> dict[str, float]:
+    """Self (tottime) seconds grouped by who owns the code."""
+    groups: dict[str, float] = {}
+    for (file, _line, func), v in st.stats.items():
+        tt = v[2]
+        if file == "~":
+            if any(s in func for s in ("socket", "recv", "send", "select", "poll", "epoll")):
+                g = "syscalls: socket send/recv, epoll (kernel work inside)"
+            else:
+                g = "C builtins (struct, dict, list, ...)"
+        elif "pyroute2/netlink/nlsocket" in file or "pyroute2/netlink/core" in file or "pyroute2/netlink/coredata" in file:
+            g = "pyroute2 socket/request machinery"
+        elif "pyroute2/netlink/__init__" in file or "pyroute2/netlink/rtnl" in file or "pyroute2/netlink/nlmsg" in file:
+            g = "pyroute2 message encode/decode (nla_base, nlmsg)"
+        elif "pyroute2" in file:
+            g = "pyroute2 other (iproute API, requests filters)"
+        elif "asyncio" in file:
+            g = "asyncio event loop (pyroute2 0.9 sync wrapper)"
+        elif "shaperd" in file:
+            g = "shaperd (" + file.split("shaperd/")[-1] + ")"
+        elif "structlog" in file or "/json/" in file:
+            g = "structlog + json rendering"
+        elif "ipaddress" in file:
+            g = "ipaddress"
+        else:
+            g = "stdlib other (" + os.path.basename(file) + ")"
+        groups[g] = groups.get(g, 0.0) + tt
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
+def _median_time(fn, repeat: int = 7) -> float:
+    xs = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        xs.append(time.perf_counter() - t)
+    return statistics.median(xs)
+
+
+def stage_timing(ipr, rec, cfg) -> dict[str, float]:
+    """Median seconds of each piece of a reconcile, called on its own, without a profiler.
+
+    Run on a device that is in sync. Pieces overlap nothing but are called
+    outside ``apply``, so their sum is close to, not equal to, a resync.
+    """
+    from pyroute2.netlink.rtnl.tcmsg import sched_htb
+
+    from shaperd.diff import diff_device
+    from shaperd.kernel import tc
+    from shaperd.planner import plan
+    from shaperd.state import ROOT_HANDLE
+
+    inv = rec.inventory(cfg)
+    p = plan(cfg, inv, rec.settings)
+    dp = p.device(DEVICE)
+    idx = dp.ifindex
+    observed = tc.read_device(ipr, DEVICE, idx)
+    fresh = diff_device(dp, type(observed)(device=DEVICE, ifindex=idx, root=None)).ops  # a first apply's ops
+    from shaperd.diff import Op
+
+    ops = [op for op in fresh if not (op.verb == "add-filter" and type(op.obj).__name__ == "BpfFilter")]
+    out = {
+        "resync: discover (links + routes dumps)": _median_time(lambda: rec.inventory(cfg)),
+        "resync: plan": _median_time(lambda: plan(cfg, inv, rec.settings)),
+        "resync: dump qdiscs of the device (pyroute2)": _median_time(lambda: list(ipr.get_qdiscs(index=idx))),
+        "resync: dump classes (pyroute2)": _median_time(lambda: list(ipr.get_classes(index=idx))),
+        "resync: dump filters (pyroute2)": _median_time(lambda: list(ipr.get_filters(index=idx, parent=ROOT_HANDLE))),
+        "resync: read_device total (3 dumps + translation)": _median_time(lambda: tc.read_device(ipr, DEVICE, idx)),
+        "resync: owned_ifindexes (all-qdisc dump, GC)": _median_time(lambda: tc.owned_ifindexes(ipr)),
+        "resync: read_marks (all-qdisc dump, marks)": _median_time(lambda: tc.read_marks(ipr)),
+        "resync: diff": _median_time(lambda: diff_device(dp, observed)),
+        "first: build_message x%d (shaperd)" % len(ops): _median_time(lambda: [tc.build_message(o) for o in ops]),
+        "first: build + pyroute2 encode x%d" % len(ops): _median_time(
+            lambda: [tc.build_message(o).encode() for o in ops]),
+    }
+    # Experiment: pyroute2's HTB parms encoder fills two 256-entry rate tables
+    # (calc_rtab) for every class even though shaperd sends no TCA_HTB_RTAB/CTAB.
+    parms_cls = sched_htb.options.htb_parms
+    orig = parms_cls.encode
+    try:
+        from pyroute2.netlink import nla
+
+        parms_cls.encode = lambda self: nla.encode(self)
+        out["first: build + encode, HTB rate tables skipped (experiment)"] = _median_time(
+            lambda: [tc.build_message(o).encode() for o in ops])
+    finally:
+        parms_cls.encode = orig
+    del Op
+    return out
+
+
+def profile_once(bench: Bench, cfg, caps, sysfs: str, top: int) -> dict:
+    from shaperd.kernel import tc
+    from shaperd.reconciler import Reconciler
+
+    ns = bench.new_netns("prof")
+    out = {}
+    try:
+        fresh_veth(ns)
+        ipr = tc.open_netlink(ns)
+        try:
+            rec = Reconciler(ipr, caps, sysfs_root=sysfs)
+            for label in ("first_apply", "resync"):
+                prof = cProfile.Profile()
+                prof.enable()
+                rep = rec.apply(cfg)
+                prof.disable()
+                st = pstats.Stats(prof)
+                fn_rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]
+                out[label] = {
+                    "changes": rep.changes,
+                    "profiled_total_s": _stage_times(st)["TOTAL Reconciler.apply"],
+                    "stages_s": _stage_times(st),
+                    "owners_tottime_s": _owner_times(st),
+                    "top_tottime": [
+                        {"func": f"{os.path.relpath(k[0], '/') if k[0] != '~' else ''}:{k[1]}({k[2]})".lstrip(":0"),
+                         "ncalls": v[1], "tottime_s": v[2], "cumtime_s": v[3]}
+                        for k, v in fn_rows
+                    ],
+                }
+            out["stage_timing_s"] = stage_timing(ipr, rec, cfg)
+        finally:
+            ipr.close()
+    finally:
+        bench.remove(ns)
+    return out
+
+
+# ------------------------------------------------------------------ one run
+
+
+def tc_vs_plan(ops) -> dict[str, int]:
+    """What shaperd would still change on the tc-built device, by kind.
+
+    Expected: the BPF classifiers (no tc equivalent, loaded by shaperd from
+    generated bytecode) and HTB buffer ticks that tc rounds its own way from
+    the same burst in bytes. Anything else means the two built different trees.
+    """
+    out: dict[str, int] = {}
+    for op in ops:
+        if op.verb == "add-filter" and type(op.obj).__name__ == "BpfFilter":
+            k = "add bpf filter (no tc equivalent)"
+        elif op.verb == "put-class" and not op.create and all(
+                part.split(" ")[0] in ("burst", "cburst") for part in op.reason.removeprefix("differs: ").split(", ")):
+            k = "class burst/cburst ticks differ (rounding)"
+        else:
+            k = "OTHER: " + op.describe()
+        out[k] = out.get(k, 0) + 1
+    return out
+
+
+def one_run(bench: Bench, i: int, cfg, cfg_file: str, batch_file: str, empty_file: str, caps, sysfs: str,
+            expected_changes: int, cli: bool) -> dict:
+    from shaperd.diff import diff_device
+    from shaperd.kernel import tc
+    from shaperd.kernel.probe import probe_capabilities
+    from shaperd.reconciler import Reconciler
+
+    r: dict = {}
+    t = time.perf_counter()
+    probe_capabilities()
+    r["probe_s"] = time.perf_counter() - t
+
+    ns = bench.new_netns(str(i))
+    try:
+        # (a)+(b) timed, no tracing.
+        fresh_veth(ns)
+        t = time.perf_counter()
+        ipr = tc.open_netlink(ns)
+        r["open_netlink_s"] = time.perf_counter() - t
+        try:
+            rec = Reconciler(ipr, caps, sysfs_root=sysfs)
+            gc.collect()
+            t = time.perf_counter()
+            rep = rec.apply(cfg)
+            r["first_apply_s"] = time.perf_counter() - t
+            r["first_apply_internal_s"] = rep.duration_s
+            r["first_apply_changes"] = rep.changes
+            if not rep.ok or rep.changes != expected_changes:
+                raise RuntimeError(f"first apply: ok={rep.ok} changes={rep.changes} (want {expected_changes})")
+            r["maxrss_after_first_apply_kib"] = maxrss_kib()
+            t = time.perf_counter()
+            rep = rec.apply(cfg)
+            r["resync_s"] = time.perf_counter() - t
+            r["resync_changes"] = rep.changes
+            if not rep.ok or rep.changes != 0:
+                raise RuntimeError(f"in-sync resync made {rep.changes} changes (ok={rep.ok}); expected 0")
+
+            # (d) tracemalloc pass on a fresh device.
+            fresh_veth(ns)
+            rec = Reconciler(ipr, caps, sysfs_root=sysfs)
+            gc.collect()
+            tracemalloc.start()
+            rep = rec.apply(cfg)
+            r["first_apply_tracemalloc_peak_b"] = tracemalloc.get_traced_memory()[1]
+            assert rep.changes == expected_changes
+            tracemalloc.reset_peak()
+            rep = rec.apply(cfg)
+            r["resync_tracemalloc_peak_b"] = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            assert rep.changes == 0
+
+            # (c) tc -batch of the same objects on a fresh device.
+            ifindex = fresh_veth(ns)
+            wall, rc, rss, err = run_child(["tc", "-n", ns, "-batch", empty_file])
+            r["tc_exec_empty_s"] = wall
+            wall, rc, rss, err = run_child(["tc", "-n", ns, "-batch", batch_file])
+            if rc != 0:
+                raise RuntimeError(f"tc -batch failed ({rc}): {err.strip()[:500]}")
+            r["tc_batch_s"] = wall
+            dp = rec.plan(cfg).device(DEVICE)
+            observed = tc.read_device(ipr, DEVICE, ifindex)
+            r["tc_batch_objects"] = {"classes": len(observed.classes), "leaves": len(observed.leaves),
+                                     "filters": len(observed.filters)}
+            r["tc_batch_vs_plan"] = tc_vs_plan(diff_device(dp, observed).ops)
+            # tc's own peak RSS, on one more fresh device.
+            fresh_veth(ns)
+            rss = child_maxrss_kib(["tc", "-n", ns, "-batch", batch_file])
+            if rss is not None:
+                r["tc_batch_maxrss_kib"] = rss
+        finally:
+            ipr.close()
+
+        # (e) the one-shot CLI, end to end.
+        if cli:
+            fresh_veth(ns)
+            shaperd_bin = os.path.join(os.path.dirname(sys.executable), "shaperd")
+            argv = ([shaperd_bin] if os.path.exists(shaperd_bin) else [sys.executable, "-m", "shaperd.cli"])
+            argv += ["--log-json", "apply", "--netns", ns, "--config", cfg_file, "--sysfs-root", sysfs]
+            wall, rc, _, err = run_child(argv)
+            if rc != 0:
+                raise RuntimeError(f"shaperd apply exited {rc}: {err.strip()[-500:]}")
+            r["cli_apply_s"] = wall
+            fresh_veth(ns)
+            rss = child_maxrss_kib(argv)
+            if rss is not None:
+                r["cli_apply_maxrss_kib"] = rss
+    finally:
+        bench.remove(ns)
+    return r
+
+
+# ------------------------------------------------------------------ report
+
+
+def fmt_ms(x: float) -> str:
+    return f"{x * 1000:.1f}"
+
+
+def markdown(res: dict) -> str:
+    s = res["summary"]
+    rows = [
+        ("first apply (`Reconciler.apply`, fresh device)", "first_apply_s", "ms"),
+        ("in-sync resync (0 changes)", "resync_s", "ms"),
+        ("`tc -batch` of the same objects (fork+exec incl.)", "tc_batch_s", "ms"),
+        ("`tc -batch` of an empty file (exec cost)", "tc_exec_empty_s", "ms"),
+        ("capability probe (once at start)", "probe_s", "ms"),
+        ("open netlink socket in netns", "open_netlink_s", "ms"),
+        ("`shaperd apply` CLI end to end (start, import, probe, apply)", "cli_apply_s", "ms"),
+    ]
+    mem_rows = [
+        ("tracemalloc peak, first apply", "first_apply_tracemalloc_peak_b", "MiB", 1 / 2**20),
+        ("tracemalloc peak, resync", "resync_tracemalloc_peak_b", "MiB", 1 / 2**20),
+        ("ru_maxrss, `shaperd apply` CLI process", "cli_apply_maxrss_kib", "MiB", 1 / 1024),
+        ("ru_maxrss, `tc -batch` process", "tc_batch_maxrss_kib", "MiB", 1 / 1024),
+    ]
+    env = res["env"]
+    out = [
+        f"Scenario: {res['scenario']['tenants']} tenants, {res['scenario']['prefixes']} source prefixes "
+        f"({res['scenario']['prefix_mix']}), one veth with node.capacity {CAPACITY}: "
+        f"{res['scenario']['objects']} kernel objects. {res['runs']} runs, "
+        f"shaperd {'with' if res['capabilities']['bpf'] else 'without'} cls_bpf "
+        f"(leaves {', '.join(res['capabilities']['leaf_kinds'])}). "
+        f"`{res['command']}`; {env['kernel']}, {env['cpus']} CPUs, Python {env['python']}, "
+        f"pyroute2 {env['pyroute2']}, {env['tc']}.",
+        "",
+        "| measurement | median | min | max | spread (max-min) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for label, key, unit in rows:
+        if key in s:
+            v = s[key]
+            out.append(f"| {label} | {fmt_ms(v['median'])} {unit} | {fmt_ms(v['min'])} | {fmt_ms(v['max'])} | "
+                       f"{fmt_ms(v['spread'])} ({v['spread_pct']:.0f} %) |")
+    for label, key, unit, k in mem_rows:
+        if key in s:
+            v = s[key]
+            out.append(f"| {label} | {v['median'] * k:.2f} {unit} | {v['min'] * k:.2f} | {v['max'] * k:.2f} | "
+                       f"{v['spread'] * k:.2f} |")
+    imp = res["one_time"]
+    out.append(f"| import of shaperd + pyroute2 (fresh interpreter) | {fmt_ms(imp['import_s']['median'])} ms | "
+               f"{fmt_ms(imp['import_s']['min'])} | {fmt_ms(imp['import_s']['max'])} | "
+               f"{fmt_ms(imp['import_s']['spread'])} |")
+    out.append(f"| ru_maxrss of the benchmark process after imports+probe / at end | "
+               f"{res['maxrss_kib']['after_setup'] / 1024:.1f} / {res['maxrss_kib']['end'] / 1024:.1f} MiB | | | |")
+    r = res["ratios"]
+    out += [
+        "",
+        f"First apply is {r['first_vs_tc']:.1f}x `tc -batch` ({r['first_vs_tc_net']:.1f}x with tc's exec cost "
+        f"subtracted); the in-sync resync is {r['resync_vs_tc']:.1f}x `tc -batch` and sends no write. "
+        f"Targets: first apply < 250 ms ({'met' if r['first_ok'] else 'NOT met'}), "
+        f"resync < 50 ms ({'met' if r['resync_ok'] else 'NOT met'}).",
+    ]
+    return "\n".join(out)
+
+
+def print_profile(prof: dict) -> None:
+    st = prof.get("stage_timing_s")
+    if st:
+        print("\n## stage timing without profiler (median of 7 calls each, device in sync)")
+        for k, v in st.items():
+            print(f"  {k:<62} {fmt_ms(v):>7} ms")
+    for label, p in prof.items():
+        if label == "stage_timing_s":
+            continue
+        tot = p["stages_s"]["TOTAL Reconciler.apply"]
+        print(f"\n## profile: {label} ({p['changes']} changes), {fmt_ms(tot)} ms under cProfile")
+        print("by stage (cumulative):")
+        for k, v in p["stages_s"].items():
+            print(f"  {k:<55} {fmt_ms(v):>7} ms {v / tot * 100:5.1f} %")
+        print("by owner (self time):")
+        for k, v in list(p["owners_tottime_s"].items())[:14]:
+            print(f"  {k:<55} {fmt_ms(v):>7} ms {v / tot * 100:5.1f} %")
+        print("top functions by self time:")
+        for row in p["top_tottime"]:
+            print(f"  {row['ncalls']:>7} {fmt_ms(row['tottime_s']):>7} ms self {fmt_ms(row['cumtime_s']):>7} ms cum  "
+                  f"{row['func']}")
+
+
+# ------------------------------------------------------------------ main
+
+
+@contextmanager
+def sigterm_as_exit():
+    owner = os.getpid()
+
+    def handler(signum, _frame):
+        # pyroute2 forks helper children (netns sockets) that inherit this
+        # handler and are stopped with SIGTERM: a child must just exit, not
+        # unwind the parent's copied stack into its cleanup.
+        if os.getpid() != owner:
+            os._exit(0)
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10, help="measured runs (default 10)")
+    ap.add_argument("--json", action="store_true", help="print one JSON document (raw samples included)")
+    ap.add_argument("--tenants", type=int, default=TENANTS)
+    ap.add_argument("--prefixes", type=int, default=PREFIXES)
+    ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the cProfile pass")
+    ap.add_argument("--no-cli", dest="cli", action="store_false", help="skip the end-to-end CLI measurement")
+    ap.add_argument("--no-bpf", dest="bpf", action="store_false",
+                    help="plan as on a kernel without cls_bpf: then shaperd builds exactly what tc -batch builds")
+    ap.add_argument("--top", type=int, default=15, help="functions listed per profile (default 15)")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("apply_perf: needs root (network namespaces, tc)", file=sys.stderr)
+        return 2
+    if not shutil.which("tc"):
+        print("apply_perf: tc (iproute2) not found", file=sys.stderr)
+        return 2
+
+    one_time = time_imports()
+    t = time.perf_counter()
+    import pyroute2
+    import yaml
+
+    from shaperd import config as config_mod
+    from shaperd import log
+    from shaperd.kernel.probe import probe_capabilities
+    from shaperd.render import device_commands
+    from shaperd.reconciler import Reconciler
+
+    one_time["import_in_process_s"] = time.perf_counter() - t
+
+    # Production logging (JSON lines), into /dev/null.
+    devnull = open(os.devnull, "w")
+    with redirect_stderr(devnull):
+        log.configure(json=True, level="info")
+
+    t = time.perf_counter()
+    caps = probe_capabilities()
+    one_time["first_probe_s"] = time.perf_counter() - t
+    if not args.bpf:
+        import dataclasses
+
+        caps = dataclasses.replace(caps, bpf=False)
+
+    doc = make_config_dict(args.tenants, args.prefixes)
+    cfg = config_mod.from_dict(doc)
+    work = tempfile.mkdtemp(prefix="shaperd-bench-")
+    sysfs = os.path.join(work, "sys")  # empty: veths report no speed anyway; node.capacity is set
+    os.makedirs(sysfs)
+    cfg_file = os.path.join(work, "tenants.yaml")
+    with open(cfg_file, "w") as f:
+        yaml.safe_dump(doc, f)
+    batch_file = os.path.join(work, "tc.batch")
+    empty_file = os.path.join(work, "empty.batch")
+    open(empty_file, "w").close()
+
+    bench = Bench()
+    runs: list[dict] = []
+    prof = None
+    try:
+        with sigterm_as_exit():
+            # The plan (and so the tc commands) on a scratch device of the same name.
+            ns = bench.new_netns("plan")
+            from shaperd.kernel import tc
+
+            fresh_veth(ns)
+            with tc.open_netlink(ns) as ipr:
+                dp = Reconciler(ipr, caps, sysfs_root=sysfs).plan(cfg).device(DEVICE)
+            bench.remove(ns)
+            if dp is None:
+                raise RuntimeError("the benchmark config does not plan for the device")
+            cmds = device_commands(dp)
+            with open(batch_file, "w") as f:
+                f.writelines(" ".join(c) + "\n" for c in cmds)
+            # root qdisc + classes + leaves + filters
+            expected = 1 + len(dp.classes) + len(dp.leaves) + len(dp.filters)
+            maxrss_setup = maxrss_kib()
+            # Warm-up run (not counted): page cache, kernel module autoload, lazy imports.
+            one_run(bench, 0, cfg, cfg_file, batch_file, empty_file, caps, sysfs, expected, cli=False)
+            for i in range(1, args.runs + 1):
+                runs.append(one_run(bench, i, cfg, cfg_file, batch_file, empty_file, caps, sysfs, expected, args.cli))
+                if not args.json:
+                    r = runs[-1]
+                    print(f"run {i:>2}: first {fmt_ms(r['first_apply_s'])} ms, resync {fmt_ms(r['resync_s'])} ms, "
+                          f"tc -batch {fmt_ms(r['tc_batch_s'])} ms"
+                          + (f", cli {fmt_ms(r['cli_apply_s'])} ms" if "cli_apply_s" in r else ""), flush=True)
+            if args.profile:
+                prof = profile_once(bench, cfg, caps, sysfs, args.top)
+    finally:
+        bench.cleanup()
+        shutil.rmtree(work, ignore_errors=True)
+
+    keys = [k for k in runs[0] if isinstance(runs[0][k], (int, float)) and not k.endswith("changes")
+]
+    s = {k: summary([r[k] for r in runs]) for k in keys}
+    tc_net = max(s["tc_batch_s"]["median"] - s["tc_exec_empty_s"]["median"], 1e-9)
+    n24 = sum(1 for p in make_prefixes(args.prefixes) if p.endswith("/24"))
+    n32 = sum(1 for p in make_prefixes(args.prefixes) if p.endswith("/32"))
+    tc_version = subprocess.run(["tc", "-V"], capture_output=True, text=True).stdout.strip()
+    res = {
+        "command": "sudo " + " ".join([sys.executable, "bench/apply_perf.py"] + (argv if argv is not None else sys.argv[1:])),
+        "runs": args.runs,
+        "env": {"kernel": f"Linux {platform.release()}", "cpus": os.cpu_count(), "python": platform.python_version(),
+                "pyroute2": getattr(pyroute2, "__version__", "?"), "tc": tc_version.replace("tc utility, ", "")},
+        "scenario": {"tenants": args.tenants, "prefixes": args.prefixes,
+                     "prefix_mix": f"{n24} IPv4 /24, {n32} IPv4 /32, {args.prefixes - n24 - n32} IPv6 /64",
+                     "objects": expected, "tc_commands": len(cmds)},
+        "capabilities": {"bpf": caps.bpf, "leaf_kinds": sorted(caps.leaf_kinds)},
+        "one_time": one_time,
+        "maxrss_kib": {"after_setup": maxrss_setup, "end": maxrss_kib()},
+        "summary": s,
+        "tc_batch_vs_plan": runs[0]["tc_batch_vs_plan"],
+        "tc_batch_objects": runs[0]["tc_batch_objects"],
+        "ratios": {
+            "first_vs_tc": s["first_apply_s"]["median"] / s["tc_batch_s"]["median"],
+            "first_vs_tc_net": s["first_apply_s"]["median"] / tc_net,
+            "resync_vs_tc": s["resync_s"]["median"] / s["tc_batch_s"]["median"],
+            "first_ok": s["first_apply_s"]["median"] < 0.250,
+            "resync_ok": s["resync_s"]["median"] < 0.050,
+        },
+        "runs_raw": runs,
+    }
+    if prof is not None:
+        res["profile"] = prof
+    if args.json:
+        print(json.dumps(res, indent=2, default=str))
+    else:
+        print()
+        print(markdown(res))
+        other = [k for r in runs for k in r["tc_batch_vs_plan"] if k.startswith("OTHER")]
+        print(f"\nCheck: tc -batch built {runs[0]['tc_batch_objects']}; shaperd's diff of that device against its "
+              f"plan: {runs[0]['tc_batch_vs_plan'] or 'empty'}" + (f"\nWARNING: {other[:5]}" if other else ""))
+        if prof is not None:
+            print_profile(prof)
+    bad = not (res["ratios"]["first_ok"] and res["ratios"]["resync_ok"])
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
