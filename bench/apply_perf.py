@@ -56,6 +56,9 @@ import sys
 import tempfile
 import time
 import tracemalloc
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from shaperd.kernel.tcstats import StatsReader  # noqa: E402
 from contextlib import contextmanager, redirect_stderr
 
 TENANTS = 64
@@ -338,7 +341,7 @@ def stage_timing(ipr, rec, cfg) -> dict[str, float]:
     p = plan(cfg, inv, rec.settings)
     dp = p.device(DEVICE)
     idx = dp.ifindex
-    observed = tc.read_device(ipr, DEVICE, idx)
+    observed = rec.reader.device_state(DEVICE, idx)
     fresh = diff_device(dp, type(observed)(device=DEVICE, ifindex=idx, root=None)).ops  # a first apply's ops
     from shaperd.diff import Op
 
@@ -349,9 +352,10 @@ def stage_timing(ipr, rec, cfg) -> dict[str, float]:
         "resync: dump qdiscs of the device (pyroute2)": _median_time(lambda: list(ipr.get_qdiscs(index=idx))),
         "resync: dump classes (pyroute2)": _median_time(lambda: list(ipr.get_classes(index=idx))),
         "resync: dump filters (pyroute2)": _median_time(lambda: list(ipr.get_filters(index=idx, parent=ROOT_HANDLE))),
-        "resync: read_device total (3 dumps + translation)": _median_time(lambda: tc.read_device(ipr, DEVICE, idx)),
-        "resync: owned_ifindexes (all-qdisc dump, GC)": _median_time(lambda: tc.owned_ifindexes(ipr)),
-        "resync: read_marks (all-qdisc dump, marks)": _median_time(lambda: tc.read_marks(ipr)),
+        "resync: read device state (raw reader: qdiscs, classes, filters)": _median_time(
+            lambda: rec.reader.device_state(DEVICE, idx)),
+        "resync: all-qdisc dump (shared by device read, GC and marks)": _median_time(lambda: rec.reader.qdiscs()),
+        "resync: mark programs on host interfaces": _median_time(lambda: rec.reader.marks()),
         "resync: diff": _median_time(lambda: diff_device(dp, observed)),
         "first: build_message x%d (shaperd)" % len(ops): _median_time(lambda: [tc.build_message(o) for o in ops]),
         "first: build + pyroute2 encode x%d" % len(ops): _median_time(
@@ -383,7 +387,7 @@ def profile_once(bench: Bench, cfg, caps, sysfs: str, top: int) -> dict:
         fresh_veth(ns)
         ipr = tc.open_netlink(ns)
         try:
-            rec = Reconciler(ipr, caps, sysfs_root=sysfs)
+            rec = Reconciler(ipr, caps, sysfs_root=sysfs, reader=StatsReader(ns))
             for label in ("first_apply", "resync"):
                 prof = cProfile.Profile()
                 prof.enable()
@@ -453,7 +457,7 @@ def one_run(bench: Bench, i: int, cfg, cfg_file: str, batch_file: str, empty_fil
         ipr = tc.open_netlink(ns)
         r["open_netlink_s"] = time.perf_counter() - t
         try:
-            rec = Reconciler(ipr, caps, sysfs_root=sysfs)
+            rec = Reconciler(ipr, caps, sysfs_root=sysfs, reader=StatsReader(ns))
             gc.collect()
             t = time.perf_counter()
             rep = rec.apply(cfg)
@@ -472,7 +476,7 @@ def one_run(bench: Bench, i: int, cfg, cfg_file: str, batch_file: str, empty_fil
 
             # (d) tracemalloc pass on a fresh device.
             fresh_veth(ns)
-            rec = Reconciler(ipr, caps, sysfs_root=sysfs)
+            rec = Reconciler(ipr, caps, sysfs_root=sysfs, reader=StatsReader(ns))
             gc.collect()
             tracemalloc.start()
             rep = rec.apply(cfg)
@@ -493,7 +497,7 @@ def one_run(bench: Bench, i: int, cfg, cfg_file: str, batch_file: str, empty_fil
                 raise RuntimeError(f"tc -batch failed ({rc}): {err.strip()[:500]}")
             r["tc_batch_s"] = wall
             dp = rec.plan(cfg).device(DEVICE)
-            observed = tc.read_device(ipr, DEVICE, ifindex)
+            observed = rec.reader.device_state(DEVICE, ifindex)
             r["tc_batch_objects"] = {"classes": len(observed.classes), "leaves": len(observed.leaves),
                                      "filters": len(observed.filters)}
             r["tc_batch_vs_plan"] = tc_vs_plan(diff_device(dp, observed).ops)
@@ -702,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
 
             fresh_veth(ns)
             with tc.open_netlink(ns) as ipr:
-                dp = Reconciler(ipr, caps, sysfs_root=sysfs).plan(cfg).device(DEVICE)
+                dp = Reconciler(ipr, caps, sysfs_root=sysfs, reader=StatsReader(ns)).plan(cfg).device(DEVICE)
             bench.remove(ns)
             if dp is None:
                 raise RuntimeError("the benchmark config does not plan for the device")

@@ -8,7 +8,6 @@ arguments): nothing in the kernel was changed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -81,9 +80,12 @@ def _reconciler(args, probe: bool = True, pods_source=None):
         # Without root nothing can be probed: plan for the common kernel set.
         caps = Capabilities(bpf=True, leaf_kinds=frozenset({"bfifo"}),
                             notes=("not root: capabilities assumed (htb, u32, cls_bpf, bfifo leaves)",))
-    ipr = tc.open_netlink(getattr(args, "netns", None))
+    from .kernel.tcstats import StatsReader
+
+    netns = getattr(args, "netns", None)
+    ipr = tc.open_netlink(netns)
     return Reconciler(ipr, caps, take_over=getattr(args, "take_over", False), sysfs_root=args.sysfs_root,
-                      pods_source=pods_source)
+                      pods_source=pods_source, reader=StatsReader(netns))
 
 
 def _print_plan_notes(plan, caps) -> None:
@@ -164,8 +166,10 @@ def cmd_run(args) -> int:
     if node_name and not args.no_kubernetes:
         from .discovery.kubernetes import PodWatcher
 
-        def factory(on_change):
+        def make_watcher(on_change):
             return PodWatcher(node_name, on_change=on_change, kubeconfig=args.kubeconfig)
+
+        factory = make_watcher
 
     d = Daemon(args.config, lambda pods: _reconciler(args, pods_source=pods), resync_interval_s=args.resync_interval,
                metrics_address=args.metrics_address, netns=getattr(args, "netns", None), pod_watcher_factory=factory)

@@ -66,8 +66,15 @@ class Reconciler:
         settings: HtbSettings = HtbSettings(),
         pods_source=None,
         cgroup_root=None,
+        reader=None,
     ):
-        self.ipr = ipr
+        self.ipr = ipr  # writes (pyroute2)
+        # Reads: a raw rtnetlink reader in the same namespace as ipr (kernel/tcstats.py).
+        if reader is None:
+            from .kernel.tcstats import StatsReader
+
+            reader = StatsReader()
+        self.reader = reader
         self.capabilities = capabilities
         self.take_over = take_over
         self.sysfs_root = sysfs_root
@@ -102,10 +109,14 @@ class Reconciler:
         p = self.plan(cfg, inv)
         take_over = self.take_over or cfg.node.take_over
         out: list[tuple[DeviceDiff | None, DeviceOutcome]] = []
+        try:
+            qdiscs = self.reader.qdiscs()  # one dump of every qdisc serves all devices, GC and marks
+        except KernelError as e:
+            return p, [(None, DeviceOutcome("node", error=str(e)))]
         for dp in p.devices:
             outcome = DeviceOutcome(dp.device)
             try:
-                observed = tc.read_device(self.ipr, dp.device, dp.ifindex)
+                observed = self.reader.device_state(dp.device, dp.ifindex, qdiscs)
             except KernelError as e:
                 outcome.error = str(e)
                 out.append((None, outcome))
@@ -115,23 +126,23 @@ class Reconciler:
             out.append((d, outcome))
         # Garbage: our tree on devices no longer selected (not on those merely failing to plan).
         keep = {dp.device for dp in p.devices} | set(p.skipped)
-        for ifindex, name in self._owned_devices(inv):
+        for ifindex, name in self._owned_devices(inv, qdiscs):
             if name not in keep:
                 op = Op("delete-root", name, ifindex, None, "device no longer selected by node.interfaces")
                 out.append((DeviceDiff(name, [op]), DeviceOutcome(name)))
         # Marks on host-side pod interfaces.
         names = {l.ifindex: l.name for l in inv.links}
         try:
-            observed, clsact = tc.read_marks(self.ipr)
+            observed, clsact = self.reader.marks(qdiscs)
             mark_ops = diff_marks(p.marks, observed, clsact, names)
             out.append((DeviceDiff(MARKS, mark_ops), DeviceOutcome(MARKS)))
         except KernelError as e:
             out.append((None, DeviceOutcome(MARKS, error=str(e))))
         return p, out
 
-    def _owned_devices(self, inv: Inventory) -> list[tuple[int, str]]:
+    def _owned_devices(self, inv: Inventory, qdiscs=None) -> list[tuple[int, str]]:
         names = {l.ifindex: l.name for l in inv.links}
-        return [(i, names[i]) for i in sorted(tc.owned_ifindexes(self.ipr)) if i in names]
+        return [(i, names[i]) for i in sorted(self.reader.owned(qdiscs)) if i in names]
 
     def diff(self, cfg: Config) -> Report:
         start = time.perf_counter()
@@ -170,13 +181,13 @@ class Reconciler:
 
     def _retry_one_by_one(self, d: DeviceDiff, dp, cfg: Config) -> tc.ApplyResult:
         if d.device == MARKS:
-            observed, clsact = tc.read_marks(self.ipr)
+            observed, clsact = self.reader.marks()
             p = self.plan(cfg)
             names = {l.ifindex: l.name for l in self.inventory().links}
             return tc.apply_ops(self.ipr, diff_marks(p.marks, observed, clsact, names), batch=False)
         ifindex = d.ops[0].ifindex
         try:
-            observed = tc.read_device(self.ipr, d.device, ifindex)
+            observed = self.reader.device_state(d.device, ifindex)
         except KernelError as e:
             return tc.ApplyResult(failed=[(op, e) for op in d.ops])
         fresh = diff_device(dp, observed, self.take_over or cfg.node.take_over) if dp else diff_teardown(observed)
@@ -191,7 +202,7 @@ class Reconciler:
             outcomes.append(DeviceOutcome(name, ops=res.applied, failed=res.failed))
             for op in res.applied:
                 self.log.info("kernel change", device=op.device, change=op.describe())
-        observed, clsact = tc.read_marks(self.ipr)
+        observed, clsact = self.reader.marks()
         names = {l.ifindex: l.name for l in self.inventory().links}
         ops = diff_marks((), observed, clsact, names)
         if ops:

@@ -1,11 +1,9 @@
-"""tc over netlink: read a device's qdiscs/classes/filters, execute diff operations.
+"""tc writes over netlink: execute the operations produced by shaperd.diff.
 
-The only place (with kernel/links.py and kernel/probe.py) that speaks
-rtnetlink. Reads are dumps translated into shaperd.state types; writes are
-the operations produced by shaperd.diff, sent as one netlink batch and, if
-the batch fails, replayed one by one so each failure is attributed to its
-object and the others still land. Every write is idempotent (create-or-
-replace, delete-if-present), so a replay is safe.
+Writes go through pyroute2, as one netlink batch and, if the batch fails,
+replayed one by one (after a fresh read and diff) so each failure is
+attributed to its object while the others still land. Reads live in
+kernel/tcstats.py (raw rtnetlink, much cheaper to decode).
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 import socket
-import struct
 from dataclasses import dataclass, field
 
 from pyroute2 import IPRoute
@@ -35,22 +32,15 @@ from ..diff import Op
 from ..errors import KernelError
 from ..state import (
     ETH_P_ALL,
-    HANDLE_MAJOR,
     ROOT_HANDLE,
     CLSACT_HANDLE,
     PRIO_MARK_INGRESS,
     TC_H_CLSACT,
     TC_H_INGRESS_PARENT,
     BpfFilter,
-    MarkFilter,
-    DeviceState,
     HtbClass,
     LeafQdisc,
-    ObservedClass,
-    ObservedFilter,
-    RootQdisc,
     U32Filter,
-    U32Key,
 )
 from ..units import bps_to_Bps, xmit_ticks
 
@@ -104,169 +94,6 @@ def _info(prio: int, protocol: int) -> int:
 
 def _proto(info: int) -> int:
     return socket.ntohs(info & 0xFFFF)
-
-
-def _htb_parms(msg) -> tuple[dict, int, int] | None:
-    opts = msg.get_attr("TCA_OPTIONS")
-    if opts is None:
-        return None
-    parms = opts.get_attr("TCA_HTB_PARMS")
-    if parms is None:
-        return None
-    rate = opts.get_attr("TCA_HTB_RATE64") or parms["rate"]
-    ceil = opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"]
-    return parms, rate, ceil
-
-
-def _dump(ipr: IPRoute, what: str, device: str, fn, *args, **kw) -> list:
-    try:
-        return list(fn(*args, **kw))
-    except NetlinkError as e:
-        raise KernelError("dump", what, device, os.strerror(e.code), e.code) from e
-
-
-def read_device(ipr: IPRoute, device: str, ifindex: int) -> DeviceState:
-    """Everything shaperd cares about on one device, from three dumps."""
-    st = DeviceState(device=device, ifindex=ifindex, root=None)
-    for q in _dump(ipr, "qdiscs", device, ipr.get_qdiscs, index=ifindex):
-        if q["index"] != ifindex:
-            continue
-        kind = q.get_attr("TCA_KIND")
-        if q["parent"] == TC_H_ROOT:
-            default_minor = 0
-            if kind == "htb":
-                init = (q.get_attr("TCA_OPTIONS") or {}).get_attr("TCA_HTB_INIT") if q.get_attr("TCA_OPTIONS") else None
-                default_minor = init["defcls"] if init else 0
-            st.root = RootQdisc(kind=kind, handle=q["handle"], default_minor=default_minor)
-        elif q["parent"] >> 16 == HANDLE_MAJOR:
-            st.leaves[q["parent"]] = LeafQdisc(
-                parent=q["parent"], handle=q["handle"], kind=kind, limit=_qdisc_limit(q, kind)
-            )
-    if not st.owned:
-        return st  # nothing under a foreign or default root is ours to read
-    for c in _dump(ipr, "classes", device, ipr.get_classes, index=ifindex):
-        if c["index"] != ifindex or c.get_attr("TCA_KIND") != "htb" or c["handle"] >> 16 != HANDLE_MAJOR:
-            continue
-        parsed = _htb_parms(c)
-        if parsed is None:
-            continue
-        parms, rate, ceil = parsed
-        # The kernel reports a top-level class's parent as TC_H_ROOT; we create it under the qdisc handle.
-        parent = ROOT_HANDLE if c["parent"] == TC_H_ROOT else c["parent"]
-        st.classes[c["handle"]] = ObservedClass(
-            classid=c["handle"], parent=parent, rate_Bps=rate, ceil_Bps=ceil,
-            buffer_ticks=parms["buffer"], cbuffer_ticks=parms["cbuffer"], quantum_bytes=parms["quantum"],
-            prio=parms["prio"], leaf_handle=c["info"],
-        )
-    for f in _dump(ipr, "filters", device, ipr.get_filters, index=ifindex, parent=ROOT_HANDLE):
-        obs = _observed_filter(f)
-        if obs is not None:
-            st.filters.append(obs)
-    return st
-
-
-def owned_ifindexes(ipr: IPRoute) -> set[int]:
-    """Devices whose root qdisc is shaperd's (one dump of all qdiscs)."""
-    return {
-        q["index"]
-        for q in _dump(ipr, "qdiscs", "node", ipr.get_qdiscs)
-        if q["parent"] == TC_H_ROOT and q["handle"] == ROOT_HANDLE and q.get_attr("TCA_KIND") == "htb"
-    }
-
-
-def read_marks(ipr: IPRoute) -> tuple[dict[int, ObservedFilter], set[int]]:
-    """shaperd's mark programs on host-side interfaces, and which devices have a clsact qdisc."""
-    clsact = {
-        q["index"] for q in _dump(ipr, "qdiscs", "node", ipr.get_qdiscs)
-        if q.get_attr("TCA_KIND") == "clsact"
-    }
-    marks: dict[int, ObservedFilter] = {}
-    for idx in sorted(clsact):
-        try:
-            filters = list(ipr.get_filters(index=idx, parent=TC_H_INGRESS_PARENT))
-        except NetlinkError:
-            continue  # the interface went away between the two dumps: nothing to do there
-        for f in filters:
-            obs = _observed_filter(f)
-            if obs and obs.kind == "bpf" and obs.prio == PRIO_MARK_INGRESS and obs.name.startswith("shpdm_"):
-                marks[idx] = obs
-    return marks, clsact
-
-
-def _qdisc_limit(q, kind: str) -> int:
-    opts = q.get_attr("TCA_OPTIONS")
-    if opts is None:
-        return 0
-    if kind in ("bfifo", "pfifo"):
-        return int(opts.get("limit", 0))
-    if kind == "fq_codel":
-        return int(opts.get_attr("TCA_FQ_CODEL_LIMIT") or 0)
-    return 0
-
-
-def _observed_filter(f) -> ObservedFilter | None:
-    kind = f.get_attr("TCA_KIND")
-    prio, proto = f["info"] >> 16, _proto(f["info"])
-    base = dict(kind=kind, prio=prio, protocol=proto, handle=f["handle"], parent=f["parent"])
-    opts = f.get_attr("TCA_OPTIONS")
-    if kind == "u32":
-        # The dump also lists hash tables (node id 0) and the bare tcf_proto: not filters.
-        if f["handle"] & 0xFFF == 0 or opts is None:
-            return None
-        mark = opts.get_attr("TCA_U32_MARK")
-        return ObservedFilter(**base, classid=opts.get_attr("TCA_U32_CLASSID") or 0, keys=_u32_keys(opts),
-                              mark=(mark["val"], mark["mask"]) if mark else None)
-    if kind == "bpf":
-        if f["handle"] == 0 or opts is None:
-            return None
-        return ObservedFilter(**base, classid=opts.get_attr("TCA_BPF_CLASSID") or 0, name=opts.get_attr("TCA_BPF_NAME") or "")
-    if f["handle"] == 0:
-        return None
-    return ObservedFilter(**base)
-
-
-
-
-def _u32_keys(opts) -> tuple[U32Key, ...]:
-    """Decode TCA_U32_SEL from its raw bytes (pyroute2 0.9 misaligns the keys)."""
-    sel = opts.get_attr("TCA_U32_SEL")
-    if sel is None:
-        return ()
-    raw = bytes(sel.data[sel.offset + 4 : sel.offset + sel.length])
-    nkeys = raw[2]
-    keys = []
-    for i in range(nkeys):
-        chunk = raw[16 + 16 * i : 32 + 16 * i]
-        mask, val = struct.unpack("!II", chunk[:8])
-        off, _offmask = struct.unpack("=ii", chunk[8:])
-        keys.append(U32Key(val, mask, off))
-    return tuple(sorted(keys, key=lambda k: k.offset))
-
-
-def read_class_stats(ipr: IPRoute, device: str, ifindex: int) -> dict[int, ClassStats]:
-    """Counters of shaperd's classes on one device (one dump)."""
-    out: dict[int, ClassStats] = {}
-    for c in _dump(ipr, "classes", device, ipr.get_classes, index=ifindex):
-        if c["index"] != ifindex or c.get_attr("TCA_KIND") != "htb" or c["handle"] >> 16 != HANDLE_MAJOR:
-            continue
-        parsed = _htb_parms(c)
-        if parsed is None:
-            continue
-        parms, rate, ceil = parsed
-        s2 = c.get_attr("TCA_STATS2")
-        basic = s2.get_attr("TCA_STATS_BASIC") if s2 else None
-        queue = s2.get_attr("TCA_STATS_QUEUE") if s2 else None
-        app = s2.get_attr("TCA_STATS_APP") if s2 else None
-        # 64-bit byte counters come in TCA_STATS_BASIC; the legacy TCA_STATS is 32-bit-safe only.
-        out[c["handle"]] = ClassStats(
-            classid=c["handle"], parent=c["parent"], rate_Bps=rate, ceil_Bps=ceil, prio=parms["prio"],
-            bytes=basic["bytes"] if basic else 0, packets=basic["packets"] if basic else 0,
-            drops=queue["drops"] if queue else 0, overlimits=queue["overlimits"] if queue else 0,
-            backlog_bytes=queue["backlog"] if queue else 0, qlen=queue["qlen"] if queue else 0,
-            borrows=app["borrows"] if app else 0, lends=app["lends"] if app else 0,
-            tokens=app["tokens"] if app else 0, ctokens=app["ctokens"] if app else 0,
-        )
-    return out
 
 
 # ------------------------------------------------------------------ writing

@@ -50,17 +50,9 @@ def class_labels(config_path: str | None) -> dict[int, str]:
     return labels
 
 
-def sample(ipr) -> dict[tuple[str, int], object]:
+def sample(reader) -> dict[tuple[str, int], object]:
     """One read of every shaperd class on every shaped device: {(device, classid): ClassStats}."""
-    from ..kernel import links, tc
-
-    names = {l.ifindex: l.name for l in links.list_links(ipr)}
-    out = {}
-    for idx in sorted(tc.owned_ifindexes(ipr)):
-        dev = names.get(idx, str(idx))
-        for cid, st in tc.read_class_stats(ipr, dev, idx).items():
-            out[(dev, cid)] = st
-    return out
+    return reader.sample()
 
 
 def rows(prev: dict, cur: dict, window_s: float, labels: dict[int, str]) -> list[Row]:
@@ -100,9 +92,9 @@ def render_table(rs: list[Row]) -> str:
 
 
 def main(args) -> int:
-    from ..kernel import tc
+    from ..kernel.tcstats import StatsReader
 
-    ipr = tc.open_netlink(getattr(args, "netns", None))
+    ipr = StatsReader(getattr(args, "netns", None))
     labels = class_labels(args.config)
     prev = sample(ipr)
     t0 = time.monotonic()

@@ -19,6 +19,7 @@ from shaperd.config import load_text
 from shaperd.discovery.cgroups import cgroup2_root
 from shaperd.kernel import tc
 from shaperd.kernel.probe import probe_capabilities
+from shaperd.kernel.tcstats import StatsReader
 from shaperd.planner import assign_minors
 from shaperd.reconciler import Reconciler
 from shaperd.state import ROOT_HANDLE
@@ -61,7 +62,8 @@ def node(bed):
     bed.exec("sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
     pods: list[FakePod] = []
     ipr = tc.open_netlink(bed.node)
-    rec = Reconciler(ipr, caps, pods_source=lambda: pods)
+    reader = StatsReader(bed.node)
+    rec = Reconciler(ipr, caps, pods_source=lambda: pods, reader=reader)
     cfg = load_text(CFG)
 
     class Node:
@@ -74,7 +76,7 @@ def node(bed):
             return rep
 
         def counters(self):
-            stats = tc.read_class_stats(ipr, "up0", ipr.link_lookup(ifname="up0")[0])
+            stats = reader.classes("up0", ipr.link_lookup(ifname="up0")[0])
             return {cid: (s.packets, s.bytes) for cid, s in stats.items()}
 
         def pod_ns(self, name):
@@ -87,6 +89,7 @@ def node(bed):
         yield Node()
     finally:
         ipr.close()
+        reader.close()
 
 
 def delta(before, after, cid):
@@ -251,16 +254,16 @@ def test_bad_pods_are_reported_and_never_cost_the_others(node, monkeypatch):
         FakePod("uid-h", "team-a", "vanishing", {"training-tenant": "tenant-a"}, ("198.18.26.2",)),
     ])
     # The vanishing pod's interface disappears between the read and the write.
-    real_read = tc.read_marks
+    real_read = n.rec.reader.marks
 
-    def read_then_delete(ipr):
-        out = real_read(ipr)
+    def read_then_delete(*args):
+        out = real_read(*args)
         run("ip", "-n", n.bed.node, "link", "del", "vethh1", check=False)
         return out
 
-    monkeypatch.setattr(tc, "read_marks", read_then_delete)
+    monkeypatch.setattr(n.rec.reader, "marks", read_then_delete)
     rep = n.rec.apply(n.cfg)
-    monkeypatch.setattr(tc, "read_marks", real_read)
+    monkeypatch.setattr(n.rec.reader, "marks", real_read)
     warnings = "\n".join(rep.plan.warnings)
     assert "pending" in warnings and "no pod IP yet" in warnings
     assert "gone" in warnings and "198.18.77.7" in warnings
