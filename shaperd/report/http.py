@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 
 def parse_address(addr: str) -> tuple[str, int]:
@@ -44,7 +44,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         m = self.server.metrics
         if path == "/metrics":
-            self._send(200, generate_latest(m.registry), CONTENT_TYPE_LATEST)
+            self._send(200, m.exposition(), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
             ok, why = m.healthy()
             self._send(200 if ok else 503, f"{'ok' if ok else 'unhealthy'}: {why}\n".encode())
