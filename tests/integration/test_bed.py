@@ -273,3 +273,51 @@ def test_short_scenario_with_shaperd(bed):
         assert t.wire_bps > 0.85 * t.guarantee_bps, k
         assert t.max_window_wire_bps < 1.1 * t.limit_bps, k
     assert "htb" not in bed.exec("node", ["tc", "qdisc", "show", "dev", bed.uplink]).stdout
+
+
+# ------------------------------------------------------------------ demo
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_demo_interrupted_leaves_nothing(sig):
+    import re
+
+    p = subprocess.Popen([sys.executable, "-m", "shaperd.bed.demo", "--duration", "3", "--scenarios", "together",
+                          "--modes", "none"], cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        run_id = None
+        for _ in range(20):
+            line = p.stderr.readline()
+            m = re.search(r"bed (\w+) built", line)
+            if m:
+                run_id = m.group(1)
+                break
+        assert run_id, "demo did not report its bed"
+        time.sleep(1.0)  # inside the first measurement: iperf3 running
+        pids = []
+        for ns in [n for n in list_netns() if run_id in n]:
+            out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+            pids += [int(x) for x in out.split()]
+        assert pids, "no traffic process running in the demo's namespaces"
+        p.send_signal(sig)
+        rc = p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc in (130, 128 + sig)
+    assert not [n for n in list_netns() if run_id in n]
+    assert run_id not in _root_links()
+    assert not os.path.exists(f"/tmp/shaperd-bed-{run_id}")
+    for pid in pids:
+        assert not _alive(pid), f"process {pid} of the demo survived"
+
+
+def test_demo_json_short_run():
+    import json
+
+    p = subprocess.run([sys.executable, "-m", "shaperd.bed.demo", "--duration", "1.5", "--scenarios", "alone,latency",
+                        "--modes", "none,hand-tc", "--json", "--quiet"], cwd=str(REPO), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert {r["scenario"] + "/" + r["mode"] for r in doc["results"]} >= {"alone/none", "latency/hand-tc"}
+    assert not [n for n in list_netns() if doc["run_id"] in n]
