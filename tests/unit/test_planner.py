@@ -40,9 +40,10 @@ def test_source_design_plan_on_100g_uplink():
     assert (a.rate_bps, a.ceil_bps, a.prio) == (40 * G, 60 * G, 0)
     assert (b.rate_bps, b.ceil_bps, b.prio) == (20 * G, 40 * G, 1)
     root = dp.classes[0]
-    assert (root.classid, root.rate_bps, root.ceil_bps) == (classid(1), 100 * G, 100 * G)
+    # Capacity from the reported 100 Gbit link speed, less 2 % framing headroom.
+    assert (root.classid, root.rate_bps, root.ceil_bps) == (classid(1), 98 * G, 98 * G)
     default = next(c for c in dp.classes if c.classid == classid(DEFAULT_CLASS_MINOR))
-    assert default.rate_bps == 1 * G and default.ceil_bps == 100 * G and default.prio == 7  # 1 % reserve
+    assert default.rate_bps == 980 * 10**6 and default.ceil_bps == 98 * G and default.prio == 7  # 1 % reserve
     # Burst sized from rate (1 ms), quantum proportional to rate.
     assert a.burst_bytes == 5_000_000 and a.cburst_bytes == 7_500_000
     assert a.quantum_bytes == 2 * b.quantum_bytes
@@ -212,3 +213,10 @@ def test_plan_invariants(specs):
     values = [v for v, _, _ in mark_filter.mapping]
     assert len(values) == len(set(values)) == len(specs)  # one distinct mark per tenant
     assert diff_device(dp, observed_from_plan(dp)).ops == []
+
+
+def test_capacity_from_link_speed_keeps_framing_headroom():
+    dp = source_plan().devices[0]  # eth0 reports 100 Gbit, node.capacity unset
+    assert dp.capacity_bps == 98 * G and dp.classes[0].ceil_bps == 98 * G
+    cfg = config.load_text("node: {capacity: 100Gbps}\n" + SOURCE)
+    assert planner.plan(cfg, INV).devices[0].capacity_bps == 100 * G  # an explicit capacity is taken as given
