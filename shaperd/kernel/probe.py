@@ -14,7 +14,7 @@ from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ..inventory import Capabilities
-from . import tc as _tc  # noqa: F401  (registers the bfifo codec)
+from . import tc as _tc  # noqa: F401 - registers the bfifo codec with pyroute2
 
 
 def probe_capabilities() -> Capabilities:

@@ -67,27 +67,6 @@ def open_netlink(netns: str | None = None) -> IPRoute:
 # ------------------------------------------------------------------ reading
 
 
-@dataclass
-class ClassStats:
-    """Counters of one HTB class, as the kernel reports them."""
-
-    classid: int
-    parent: int
-    rate_Bps: int
-    ceil_Bps: int
-    prio: int
-    bytes: int
-    packets: int
-    drops: int
-    overlimits: int
-    backlog_bytes: int
-    qlen: int
-    borrows: int
-    lends: int
-    tokens: int
-    ctokens: int
-
-
 def _info(prio: int, protocol: int) -> int:
     return (prio << 16) | socket.htons(protocol)
 

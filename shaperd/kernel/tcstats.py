@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import dataclass
 import socket
 import struct
 
@@ -30,7 +31,27 @@ from ..state import (
     RootQdisc,
     U32Key,
 )
-from .tc import ClassStats
+
+
+@dataclass
+class ClassStats:
+    """Counters of one HTB class, as the kernel reports them."""
+
+    classid: int
+    parent: int
+    rate_Bps: int
+    ceil_Bps: int
+    prio: int
+    bytes: int
+    packets: int
+    drops: int
+    overlimits: int
+    backlog_bytes: int
+    qlen: int
+    borrows: int
+    lends: int
+    tokens: int
+    ctokens: int
 
 NETLINK_ROUTE = 0
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
@@ -163,28 +184,35 @@ class StatsReader:
                 out.add(index)
         return out
 
-    def classes(self, device: str, ifindex: int) -> dict[int, ClassStats]:
-        out = {}
+    def _htb_classes(self, device: str, ifindex: int):
+        """Yield (buf, top-level attrs, handle, parent, info, HTB fields) for shaperd's classes on a device.
+
+        HTB fields: (rate_Bps, ceil_Bps, buffer_ticks, cbuffer_ticks, quantum, prio) from
+        struct tc_htb_opt, with the 64-bit rates where the kernel sends them.
+        """
         req = _TCMSG.pack(0, 0, 0, ifindex, 0, 0, 0)
         for buf, off, end in self._dump(RTM_GETTCLASS, req, "classes", device):
-            _f, _p1, _p2, index, handle, parent, _info = _TCMSG.unpack_from(buf, off)
+            _f, _p1, _p2, index, handle, parent, info = _TCMSG.unpack_from(buf, off)
             if index != ifindex or handle >> 16 != HANDLE_MAJOR:
                 continue
             a = _attrs(buf, off + _TCMSG.size, end)
-            if TCA_KIND not in a or bytes(buf[a[TCA_KIND][0]:a[TCA_KIND][1]]).rstrip(b"\0") != b"htb":
-                continue
-            if TCA_OPTIONS not in a:
+            if _str(buf, a.get(TCA_KIND)) != "htb" or TCA_OPTIONS not in a:
                 continue
             o = _attrs(buf, *a[TCA_OPTIONS])
             if TCA_HTB_PARMS not in o:
                 continue
             p = o[TCA_HTB_PARMS][0]
             rate, ceil = _U32.unpack_from(buf, p + 8)[0], _U32.unpack_from(buf, p + 20)[0]
-            prio = _U32.unpack_from(buf, p + 40)[0]
+            buffer, cbuffer, quantum, _level, prio = struct.unpack_from("=IIIII", buf, p + 24)
             if TCA_HTB_RATE64 in o:
                 rate = _U64.unpack_from(buf, o[TCA_HTB_RATE64][0])[0]
             if TCA_HTB_CEIL64 in o:
                 ceil = _U64.unpack_from(buf, o[TCA_HTB_CEIL64][0])[0]
+            yield buf, a, handle, parent, info, (rate, ceil, buffer, cbuffer, quantum, prio)
+
+    def classes(self, device: str, ifindex: int) -> dict[int, ClassStats]:
+        out = {}
+        for buf, a, handle, parent, _info, (rate, ceil, _b, _cb, _q, prio) in self._htb_classes(device, ifindex):
             nbytes = packets = qlen = backlog = drops = overlimits = lends = borrows = tokens = ctokens = 0
             if TCA_STATS2 in a:
                 s = _attrs(buf, *a[TCA_STATS2])
@@ -239,24 +267,8 @@ class StatsReader:
                 st.leaves[parent] = LeafQdisc(parent=parent, handle=handle, kind=kind, limit=limit)
         if not st.owned:
             return st  # nothing under a foreign or default root is ours to read
-        req = _TCMSG.pack(0, 0, 0, ifindex, 0, 0, 0)
-        for buf, off, end in self._dump(RTM_GETTCLASS, req, "classes", device):
-            _f, _p1, _p2, index, handle, parent, info = _TCMSG.unpack_from(buf, off)
-            if index != ifindex or handle >> 16 != HANDLE_MAJOR:
-                continue
-            a = _attrs(buf, off + _TCMSG.size, end)
-            if _str(buf, a.get(TCA_KIND)) != "htb" or TCA_OPTIONS not in a:
-                continue
-            o = _attrs(buf, *a[TCA_OPTIONS])
-            if TCA_HTB_PARMS not in o:
-                continue
-            p = o[TCA_HTB_PARMS][0]
-            rate, ceil = _U32.unpack_from(buf, p + 8)[0], _U32.unpack_from(buf, p + 20)[0]
-            buffer, cbuffer, quantum, _level, prio = struct.unpack_from("=IIIII", buf, p + 24)
-            if TCA_HTB_RATE64 in o:
-                rate = _U64.unpack_from(buf, o[TCA_HTB_RATE64][0])[0]
-            if TCA_HTB_CEIL64 in o:
-                ceil = _U64.unpack_from(buf, o[TCA_HTB_CEIL64][0])[0]
+        for _buf, _a, handle, parent, info, (rate, ceil, buffer, cbuffer, quantum, prio) in \
+                self._htb_classes(device, ifindex):
             # A top-level class reports TC_H_ROOT as parent; shaperd creates it under the qdisc handle.
             st.classes[handle] = ObservedClass(
                 classid=handle, parent=ROOT_HANDLE if parent == TC_H_ROOT else parent, rate_Bps=rate,

@@ -52,7 +52,7 @@ BELOW_MARGIN = 0.02
 
 
 class Counters(Protocol):
-    """The fields of kernel.tc.ClassStats this module reads."""
+    """The fields of kernel.tcstats.ClassStats this module reads."""
 
     bytes: int
     packets: int
