@@ -66,14 +66,12 @@ class Reconciler:
         settings: HtbSettings = HtbSettings(),
         pods_source=None,
         cgroup_root=None,
-        reader=None,
+        *,
+        reader,
     ):
         self.ipr = ipr  # writes (pyroute2)
-        # Reads: a raw rtnetlink reader in the same namespace as ipr (kernel/tcstats.py).
-        if reader is None:
-            from .kernel.tcstats import StatsReader
-
-            reader = StatsReader()
+        # Reads: a raw rtnetlink reader (kernel/tcstats.py), required and in the same
+        # namespace as ipr: a default here once silently read one namespace and wrote another.
         self.reader = reader
         self.capabilities = capabilities
         self.take_over = take_over
@@ -85,10 +83,10 @@ class Reconciler:
         self.log = log.get("shaperd.reconcile")
 
     def inventory(self, cfg: Config | None = None) -> Inventory:
-        inv = discover(self.ipr, self.capabilities, self.sysfs_root)
+        inv = discover(self.reader, self.capabilities, self.sysfs_root)
         pods = ()
         if self.pods_source is not None:
-            pods = pods_mod.resolve(self.ipr, list(self.pods_source()), inv.links, self.cgroup_root)
+            pods = pods_mod.resolve(self.reader, list(self.pods_source()), inv.links, self.cgroup_root)
         refs = []
         if cfg is not None and self.cgroup_root is not None:
             for t in cfg.tenants:

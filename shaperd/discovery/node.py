@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..inventory import Capabilities, Inventory, Link
-from ..kernel import links as klinks
 
 
 def read_speed_bps(name: str, sysfs_root: str | Path = "/sys") -> int | None:
@@ -27,8 +26,9 @@ def read_speed_bps(name: str, sysfs_root: str | Path = "/sys") -> int | None:
     return mbit * 10**6
 
 
-def discover(ipr, capabilities: Capabilities, sysfs_root: str | Path = "/sys") -> Inventory:
-    raw = klinks.list_links(ipr)
+def discover(reader, capabilities: Capabilities, sysfs_root: str | Path = "/sys") -> Inventory:
+    """``reader``: kernel.tcstats.StatsReader in the node's network namespace."""
+    raw = reader.link_list()
     by_index = {l.ifindex: l for l in raw}
     links = tuple(
         Link(
@@ -41,5 +41,5 @@ def discover(ipr, capabilities: Capabilities, sysfs_root: str | Path = "/sys") -
         )
         for l in raw
     )
-    defaults = tuple(by_index[i].name for i in klinks.default_route_ifindexes(ipr) if i in by_index)
+    defaults = tuple(by_index[i].name for i in reader.default_route_ifindexes() if i in by_index)
     return Inventory(links=links, default_route_devices=defaults, capabilities=capabilities)

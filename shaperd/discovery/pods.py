@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..inventory import Link, Pod
-from ..kernel import links as klinks
 from . import cgroups
 
 
-def resolve(ipr, pod_infos, links: tuple[Link, ...], cgroup_root: Path | None) -> tuple[Pod, ...]:
+def resolve(reader, pod_infos, links: tuple[Link, ...], cgroup_root: Path | None) -> tuple[Pod, ...]:
+    """``reader``: kernel.tcstats.StatsReader in the node's network namespace."""
     by_index = {l.ifindex: l for l in links}
     out = []
     for info in sorted(pod_infos, key=lambda p: p.uid):
@@ -34,12 +34,12 @@ def resolve(ipr, pod_infos, links: tuple[Link, ...], cgroup_root: Path | None) -
             problems.append("no pod IP yet")
         else:
             for ip in info.ips:
-                oif = klinks.route_oif(ipr, ip)
+                oif = reader.route_oif(ip)
                 link = by_index.get(oif) if oif else None
                 if link is None:
                     continue
                 if link.kind == "bridge":
-                    port = klinks.bridge_port_of(ipr, link.ifindex, ip)
+                    port = reader.bridge_port_of(link.ifindex, ip)
                     link = by_index.get(port) if port else None
                     if link is None:
                         problems.append(f"{ip} is behind bridge {by_index[oif].name} but its port is not known yet")

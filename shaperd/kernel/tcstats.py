@@ -1,13 +1,16 @@
-"""Every tc read shaperd makes, over a raw rtnetlink socket.
+"""Every read shaperd makes from the kernel, over a raw rtnetlink socket.
 
-The reconciler reads each device before diffing, the metrics sampler reads
-every class twice a second. pyroute2 decodes every attribute of every
-message into objects, which costs ~100 ms for 8 devices x 66 classes
-(bench/scrape.py) and ~35 ms for 500 filters (bench/apply_perf.py); this
-module sends the same dumps and unpacks only the fields shaperd compares
-with ``struct``, 10-50x faster. Writes stay in kernel/tc.py on pyroute2.
+tc state (the reconciler reads each device before diffing, the metrics
+sampler reads every class twice a second) and discovery's facts (links,
+default routes, the route and bridge port of a pod IP). pyroute2 decodes
+every attribute of every message into objects, which costs ~100 ms for 8
+devices x 66 classes (bench/scrape.py) and ~35 ms for 500 filters
+(bench/apply_perf.py), and 0.9 leaves the ack of every single-route request
+in an unread queue (a leak per pod per reconcile, bench/pod_churn.py). This
+module sends the same requests and unpacks only the fields shaperd uses with
+``struct``. Writes stay in kernel/tc.py on pyroute2.
 
-Read-only: it never sends anything but dump requests.
+Read-only: it sends dump and get requests, nothing else.
 """
 
 from __future__ import annotations
@@ -31,6 +34,15 @@ from ..state import (
     RootQdisc,
     U32Key,
 )
+
+
+@dataclass(frozen=True)
+class RawLink:
+    name: str
+    ifindex: int
+    kind: str
+    mtu: int
+    up: bool
 
 
 @dataclass
@@ -57,6 +69,13 @@ NETLINK_ROUTE = 0
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTM_GETLINK, RTM_GETQDISC, RTM_GETTCLASS, RTM_GETTFILTER = 18, 38, 42, 46
+RTM_GETROUTE, RTM_GETNEIGH = 26, 30
+IFLA_MTU, IFLA_LINKINFO, IFLA_INFO_KIND = 4, 18, 1
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_MULTIPATH, RTA_TABLE, RTA_VIA = 1, 4, 5, 6, 9, 15, 18
+RT_TABLE_MAIN, RTN_UNICAST = 254, 1
+NDA_DST, NDA_LLADDR, NDA_MASTER = 1, 2, 9
+_RTMSG = struct.Struct("=BBBBBBBBI")
+_NDMSG = struct.Struct("=BBHiHBB")
 TCA_HTB_INIT = 2
 TCA_FQ_CODEL_LIMIT = 2
 TCA_U32_CLASSID, TCA_U32_DIVISOR, TCA_U32_SEL, TCA_U32_MARK = 1, 4, 5, 10
@@ -93,6 +112,11 @@ def _attrs(buf: bytes, off: int, end: int) -> dict[int, tuple[int, int]]:
         out[typ & NLA_TYPE_MASK] = (off + 4, off + length)
         off += (length + 3) & ~3
     return out
+
+
+def _rta(typ: int, data: bytes) -> bytes:
+    length = 4 + len(data)
+    return _RTA.pack(length, typ) + data + b"\0" * (((length + 3) & ~3) - length)
 
 
 def _str(buf: bytes, span) -> str:
@@ -334,6 +358,109 @@ class StatsReader:
                 if f.kind == "bpf" and f.prio == PRIO_MARK_INGRESS and f.name.startswith("shpdm_"):
                     found[idx] = f
         return found, clsact
+
+    # -- discovery's reads: links, routes, neighbours ---------------------------
+    def link_list(self) -> list[RawLink]:
+        """Every link: name, index, kind (IFLA_INFO_KIND), MTU, administratively up."""
+        out = []
+        for buf, off, end in self._dump(RTM_GETLINK, _IFINFOMSG.pack(0, 0, 0, 0, 0, 0), "links", "node"):
+            _fam, _pad, _type, index, flags, _change = _IFINFOMSG.unpack_from(buf, off)
+            a = _attrs(buf, off + _IFINFOMSG.size, end)
+            kind = ""
+            if IFLA_LINKINFO in a:
+                kind = _str(buf, _attrs(buf, *a[IFLA_LINKINFO]).get(IFLA_INFO_KIND))
+            mtu = _U32.unpack_from(buf, a[IFLA_MTU][0])[0] if IFLA_MTU in a else 1500
+            out.append(RawLink(name=_str(buf, a.get(IFLA_IFNAME)), ifindex=index, kind=kind, mtu=mtu, up=bool(flags & 1)))
+        return out
+
+    def default_route_ifindexes(self) -> list[int]:
+        """Output devices of the main table's default routes (IPv4 first, then IPv6), by metric."""
+        found: list[tuple[int, int, int]] = []
+        for n, family in enumerate((socket.AF_INET, socket.AF_INET6)):
+            req = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
+            for buf, off, end in self._dump(RTM_GETROUTE, req, "routes", "node"):
+                fam, dst_len, _sl, _tos, table, _proto, _scope, rtype, _flags = _RTMSG.unpack_from(buf, off)
+                a = _attrs(buf, off + _RTMSG.size, end)
+                if RTA_TABLE in a:
+                    table = _U32.unpack_from(buf, a[RTA_TABLE][0])[0]
+                if fam != family or dst_len != 0 or table != RT_TABLE_MAIN or rtype != RTN_UNICAST:
+                    continue
+                metric = _U32.unpack_from(buf, a[RTA_PRIORITY][0])[0] if RTA_PRIORITY in a else 0
+                if RTA_OIF in a:
+                    found.append((n, metric, _U32.unpack_from(buf, a[RTA_OIF][0])[0]))
+                if RTA_MULTIPATH in a:  # struct rtnexthop { u16 len; u8 flags; u8 hops; s32 ifindex; } + attrs
+                    pos, stop = a[RTA_MULTIPATH]
+                    while pos + 8 <= stop:
+                        nh_len, _f, _h, nh_if = struct.unpack_from("=HBBi", buf, pos)
+                        found.append((n, metric, nh_if))
+                        if nh_len < 8:
+                            break
+                        pos += (nh_len + 3) & ~3
+        return list(dict.fromkeys(i for _, _, i in sorted(found)))
+
+    def route_oif(self, ip: str) -> int | None:
+        """Interface a local endpoint is reached on directly (no gateway), or None.
+
+        A single RTM_GETROUTE request without an ack: pyroute2 0.9 leaves the
+        ack of every such request in an unread queue (a leak per pod per
+        reconcile, found by bench/pod_churn.py).
+        """
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        addr = socket.inet_pton(family, ip)
+        body = _RTMSG.pack(family, len(addr) * 8, 0, 0, 0, 0, 0, 0, 0) + _rta(RTA_DST, addr)
+        reply = self._request(RTM_GETROUTE, body, f"route to {ip}", "node")
+        if reply is None:
+            return None
+        buf, off, end = reply
+        a = _attrs(buf, off + _RTMSG.size, end)
+        if RTA_GATEWAY in a or RTA_VIA in a or RTA_OIF not in a:
+            return None
+        return _U32.unpack_from(buf, a[RTA_OIF][0])[0]
+
+    def bridge_port_of(self, bridge_ifindex: int, ip: str) -> int | None:
+        """The bridge port behind which ``ip`` lives: neighbour entry (IP -> MAC), then FDB (MAC -> port)."""
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        want = socket.inet_pton(family, ip)
+        mac = None
+        for buf, off, end in self._dump(RTM_GETNEIGH, _NDMSG.pack(family, 0, 0, bridge_ifindex, 0, 0, 0),
+                                        "neighbours", str(bridge_ifindex)):
+            _f, _p1, _p2, index, _state, _flags, _t = _NDMSG.unpack_from(buf, off)
+            a = _attrs(buf, off + _NDMSG.size, end)
+            if index == bridge_ifindex and NDA_DST in a and bytes(buf[slice(*a[NDA_DST])]) == want and NDA_LLADDR in a:
+                mac = bytes(buf[slice(*a[NDA_LLADDR])])
+                break
+        if mac is None:
+            return None
+        for buf, off, end in self._dump(RTM_GETNEIGH, _NDMSG.pack(socket.AF_BRIDGE, 0, 0, 0, 0, 0, 0),
+                                        "bridge fdb", str(bridge_ifindex)):
+            _f, _p1, _p2, index, _state, _flags, _t = _NDMSG.unpack_from(buf, off)
+            a = _attrs(buf, off + _NDMSG.size, end)
+            if (NDA_LLADDR in a and bytes(buf[slice(*a[NDA_LLADDR])]) == mac and NDA_MASTER in a
+                    and _U32.unpack_from(buf, a[NDA_MASTER][0])[0] == bridge_ifindex):
+                return index
+        return None
+
+    def _request(self, mtype: int, body: bytes, what: str, device: str):
+        """One non-dump request; (buf, payload offset, end) of the reply, or None on a kernel error."""
+        self.seq += 1
+        seq = self.seq
+        hdr = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), mtype, NLM_F_REQUEST, seq, 0)
+        try:
+            self.sock.send(hdr + body)
+            while True:
+                buf = self.sock.recv(1 << 16)
+                off = 0
+                while off + _NLMSGHDR.size <= len(buf):
+                    length, typ, _flags, mseq, _pid = _NLMSGHDR.unpack_from(buf, off)
+                    if length < _NLMSGHDR.size:
+                        break
+                    if mseq == seq:
+                        if typ == NLMSG_ERROR:
+                            return None  # e.g. ENETUNREACH: no route
+                        return buf, off + _NLMSGHDR.size, off + length
+                    off += (length + 3) & ~3
+        except OSError as e:
+            raise KernelError("read", what, device, e.strerror or str(e), e.errno) from e
 
     def sample(self) -> dict[tuple[str, int], ClassStats]:
         """{(device, classid): ClassStats} for every shaperd class on every shaped device."""
