@@ -160,11 +160,11 @@ class StatsReader:
     def close(self) -> None:
         self.sock.close()
 
-    def _dump(self, mtype: int, body: bytes, what: str, device: str):
-        """Yield (buffer, payload offset, message end) of each reply message."""
+    def _exchange(self, mtype: int, flags: int, body: bytes, what: str, device: str):
+        """Send one request; yield (type, buffer, payload offset, message end) of each reply to it."""
         self.seq += 1
         seq = self.seq
-        hdr = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), mtype, NLM_F_REQUEST | NLM_F_DUMP, seq, 0)
+        hdr = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), mtype, NLM_F_REQUEST | flags, seq, 0)
         try:
             self.sock.send(hdr + body)
             while True:
@@ -175,17 +175,28 @@ class StatsReader:
                     if length < _NLMSGHDR.size:
                         return
                     if mseq == seq:
-                        if typ == NLMSG_DONE:
-                            return
-                        if typ == NLMSG_ERROR:
-                            (err,) = struct.unpack_from("=i", buf, off + _NLMSGHDR.size)
-                            if err:
-                                raise KernelError("dump", what, device, os.strerror(-err), -err)
-                            return
-                        yield buf, off + _NLMSGHDR.size, off + length
+                        yield typ, buf, off + _NLMSGHDR.size, off + length
                     off += (length + 3) & ~3
         except OSError as e:
-            raise KernelError("dump", what, device, e.strerror or str(e), e.errno) from e
+            raise KernelError("read", what, device, e.strerror or str(e), e.errno) from e
+
+    def _dump(self, mtype: int, body: bytes, what: str, device: str):
+        """Yield (buffer, payload offset, message end) of each message of a dump."""
+        for typ, buf, off, end in self._exchange(mtype, NLM_F_DUMP, body, what, device):
+            if typ == NLMSG_DONE:
+                return
+            if typ == NLMSG_ERROR:
+                (err,) = struct.unpack_from("=i", buf, off)
+                if err:
+                    raise KernelError("dump", what, device, os.strerror(-err), -err)
+                return
+            yield buf, off, end
+
+    def _request(self, mtype: int, body: bytes, what: str, device: str):
+        """One non-dump request (no ack asked): (buf, payload offset, end) of the reply, or None on a kernel error."""
+        for typ, buf, off, end in self._exchange(mtype, 0, body, what, device):
+            return None if typ == NLMSG_ERROR else (buf, off, end)  # an error is e.g. ENETUNREACH: no route
+        return None
 
     def links(self) -> dict[int, str]:
         out = {}
@@ -439,28 +450,6 @@ class StatsReader:
                     and _U32.unpack_from(buf, a[NDA_MASTER][0])[0] == bridge_ifindex):
                 return index
         return None
-
-    def _request(self, mtype: int, body: bytes, what: str, device: str):
-        """One non-dump request; (buf, payload offset, end) of the reply, or None on a kernel error."""
-        self.seq += 1
-        seq = self.seq
-        hdr = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), mtype, NLM_F_REQUEST, seq, 0)
-        try:
-            self.sock.send(hdr + body)
-            while True:
-                buf = self.sock.recv(1 << 16)
-                off = 0
-                while off + _NLMSGHDR.size <= len(buf):
-                    length, typ, _flags, mseq, _pid = _NLMSGHDR.unpack_from(buf, off)
-                    if length < _NLMSGHDR.size:
-                        break
-                    if mseq == seq:
-                        if typ == NLMSG_ERROR:
-                            return None  # e.g. ENETUNREACH: no route
-                        return buf, off + _NLMSGHDR.size, off + length
-                    off += (length + 3) & ~3
-        except OSError as e:
-            raise KernelError("read", what, device, e.strerror or str(e), e.errno) from e
 
     def sample(self) -> dict[tuple[str, int], ClassStats]:
         """{(device, classid): ClassStats} for every shaperd class on every shaped device."""
