@@ -49,7 +49,6 @@ import platform
 import pstats
 import resource
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -59,7 +58,7 @@ import tracemalloc
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from shaperd.kernel.tcstats import StatsReader  # noqa: E402
-from contextlib import contextmanager, redirect_stderr
+from contextlib import redirect_stderr
 
 TENANTS = 64
 PREFIXES = 500
@@ -618,24 +617,8 @@ def print_profile(prof: dict) -> None:
 # ------------------------------------------------------------------ main
 
 
-@contextmanager
-def sigterm_as_exit():
-    owner = os.getpid()
-
-    def handler(signum, _frame):
-        # pyroute2 forks helper children (netns sockets) that inherit this
-        # handler and are stopped with SIGTERM: a child must just exit, not
-        # unwind the parent's copied stack into its cleanup.
-        if os.getpid() != owner:
-            os._exit(0)
-        raise SystemExit(128 + signum)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ itself, also when loaded by path
+from _signals import sigterm_as_exit  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

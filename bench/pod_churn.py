@@ -62,7 +62,6 @@ import tempfile
 import threading
 import time
 import urllib.request
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,22 +128,8 @@ def free_port() -> int:
     return port
 
 
-@contextmanager
-def sigterm_as_exit():
-    owner = os.getpid()
-
-    def handler(signum, _frame):
-        # pyroute2 forks helper children that inherit this handler: they must just exit.
-        if os.getpid() != owner:
-            os._exit(0)
-        raise SystemExit(128 + signum)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ itself, also when loaded by path
+from _signals import sigterm_as_exit  # noqa: E402
 
 
 # ------------------------------------------------------------------ pods
