@@ -14,7 +14,7 @@ import sys
 from . import __version__, log
 from .config import Config, load_file
 from .errors import ConfigError, KernelError, ShaperdError
-from .planner import MAX_TENANT_PRIO, htb_prios
+from .backends.htb.plan import MAX_TENANT_PRIO, htb_prios
 from .units import format_rate
 
 DEFAULT_CONFIG = "/etc/shaperd/traffic-shaping.yaml"
@@ -68,11 +68,16 @@ def _table(rows) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
+def _roots(args):
+    from .roots import Roots
+
+    return Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
+
+
 def _reconciler(args, probe: bool = True, pods_source=None):
-    from .kernel import tc
-    from .kernel.probe import probe_capabilities
+    from .engine.reconciler import open_node
     from .inventory import Capabilities
-    from .reconciler import Reconciler
+    from .kernel.probe import probe_capabilities
 
     if probe and os.geteuid() == 0:
         caps = probe_capabilities()
@@ -80,12 +85,8 @@ def _reconciler(args, probe: bool = True, pods_source=None):
         # Without root nothing can be probed: plan for the common kernel set.
         caps = Capabilities(bpf=True, leaf_kinds=frozenset({"bfifo"}),
                             notes=("not root: capabilities assumed (htb, u32, cls_bpf, bfifo leaves)",))
-    from .kernel.tcstats import StatsReader
-
-    netns = getattr(args, "netns", None)
-    ipr = tc.open_netlink(netns)
-    return Reconciler(ipr, caps, take_over=getattr(args, "take_over", False), sysfs_root=args.sysfs_root,
-                      pods_source=pods_source, reader=StatsReader(netns))
+    return open_node(caps, netns=getattr(args, "netns", None), roots=_roots(args),
+                     take_over=getattr(args, "take_over", False), pods_source=pods_source)
 
 
 def _print_plan_notes(plan, caps) -> None:
@@ -101,13 +102,15 @@ def _print_problems(plan) -> None:
 
 
 def cmd_plan(args) -> int:
-    from .render import render
+    from .backends.htb.plan import HtbPlan
+    from .backends.htb.render import render
 
     cfg = _load(args.config)
     rec = _reconciler(args, probe=False)
     p = rec.plan(cfg)
     _print_plan_notes(p, rec.capabilities)
-    print(render(p), end="")
+    marks = p.desired["marks"].marks if "marks" in p.desired else ()
+    print(render(p.desired.get("htb", HtbPlan()), marks), end="")
     _print_problems(p)
     return EXIT_BAD_INPUT if p.problems else EXIT_OK
 
@@ -129,7 +132,7 @@ def cmd_apply(args) -> int:
 
 
 def _exit(rep) -> int:
-    if rep.plan.problems:
+    if rep.problems:
         return EXIT_BAD_INPUT
     return EXIT_OK if rep.ok else EXIT_FAILED
 
@@ -148,7 +151,7 @@ def _print_outcomes(rep, planned: bool) -> None:
             _err(str(e))
     _print_problems(rep.plan)
     verb = "would change" if planned else "changed"
-    print(f"{rep.changes} {verb}; {len(rep.plan.devices)} device(s) planned in {rep.duration_s * 1000:.1f} ms")
+    print(f"{rep.changes} {verb}; {len(rep.planned_devices)} device(s) planned in {rep.duration_s * 1000:.1f} ms")
 
 
 def cmd_teardown(args) -> int:
@@ -159,7 +162,7 @@ def cmd_teardown(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .daemon import Daemon
+    from .engine.daemon import Daemon
 
     factory = None
     node_name = args.node_name or os.environ.get("NODE_NAME")
@@ -207,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--config", "-c", default=DEFAULT_CONFIG, help=f"tenants file (default {DEFAULT_CONFIG})")
         p.add_argument("--netns", help=argparse.SUPPRESS)  # tests: act inside a named network namespace
         p.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted (default /sys)")
+        p.add_argument("--procfs-root", default="/proc", help="where procfs is mounted (default /proc)")
+        p.add_argument("--run-root", default="/run", help="the runtime directory holding netns/ (default /run)")
+        p.add_argument("--kubelet-root", default="/var/lib/kubelet",
+                       help="the kubelet's directory (default /var/lib/kubelet)")
 
     p = sub.add_parser("check-config", help="validate a tenants file and print the normalised tenants table")
     p.add_argument("file")

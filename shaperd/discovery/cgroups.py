@@ -2,7 +2,7 @@
 
 The id a BPF program sees (bpf_skb_ancestor_cgroup_id) is the cgroup
 directory's inode number on the cgroup2 filesystem; its level is its depth
-below the cgroup2 root. Roots are injectable so tests use their own trees.
+below the cgroup2 root. Roots (shaperd/roots.py) are injectable so tests use their own trees.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import os
 from pathlib import Path
 
 from ..inventory import CgroupRef
+from ..roots import DEFAULT, Roots
 
 
-def cgroup2_root(mountinfo: str | Path = "/proc/self/mountinfo") -> Path | None:
-    """Mount point of the cgroup2 hierarchy (unified or hybrid layout), or None."""
+def cgroup2_root(roots: Roots = DEFAULT) -> Path | None:
+    """Mount point of the cgroup2 hierarchy (unified or hybrid layout) under ``roots``, or None."""
     try:
-        lines = Path(mountinfo).read_text().splitlines()
+        lines = roots.mountinfo.read_text().splitlines()
     except OSError:
         return None
     found: list[Path] = []
@@ -27,8 +28,8 @@ def cgroup2_root(mountinfo: str | Path = "/proc/self/mountinfo") -> Path | None:
     # Prefer the conventional places when several are mounted.
     for pref in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
         if pref in found:
-            return pref
-    return found[0] if found else None
+            return roots.host(pref)
+    return roots.host(found[0]) if found else None
 
 
 def ref(root: Path, path: str | Path) -> CgroupRef | None:

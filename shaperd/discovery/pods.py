@@ -9,14 +9,36 @@ cannot be resolved yet is recorded as a problem and retried next time.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from ..inventory import Link, Pod
 from . import cgroups
 
 
+def route_oif(reader, ip: str) -> int | None:
+    """Interface a local endpoint is reached on directly (no gateway), or None."""
+    r = reader.route_to(ip)
+    if r is None or r.via_gateway or r.oif is None:
+        return None
+    return r.oif
+
+
+def bridge_port_of(reader, bridge_ifindex: int, ip: str) -> int | None:
+    """The bridge port behind which ``ip`` lives: neighbour entry (IP -> MAC), then FDB (MAC -> port)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    want = socket.inet_pton(family, ip)
+    dev = str(bridge_ifindex)
+    mac = next((n.lladdr for n in reader.neighbours(family, bridge_ifindex, dev)
+                if n.ifindex == bridge_ifindex and n.dst == want and n.lladdr is not None), None)
+    if mac is None:
+        return None
+    return next((n.ifindex for n in reader.neighbours(socket.AF_BRIDGE, 0, dev)
+                 if n.lladdr == mac and n.master == bridge_ifindex), None)
+
+
 def resolve(reader, pod_infos, links: tuple[Link, ...], cgroup_root: Path | None) -> tuple[Pod, ...]:
-    """``reader``: kernel.tcstats.StatsReader in the node's network namespace."""
+    """``reader``: kernel.rtnl.RtnlReader in the node's network namespace."""
     by_index = {l.ifindex: l for l in links}
     out = []
     for info in sorted(pod_infos, key=lambda p: p.uid):
@@ -34,12 +56,12 @@ def resolve(reader, pod_infos, links: tuple[Link, ...], cgroup_root: Path | None
             problems.append("no pod IP yet")
         else:
             for ip in info.ips:
-                oif = reader.route_oif(ip)
+                oif = route_oif(reader, ip)
                 link = by_index.get(oif) if oif else None
                 if link is None:
                     continue
                 if link.kind == "bridge":
-                    port = reader.bridge_port_of(link.ifindex, ip)
+                    port = bridge_port_of(reader, link.ifindex, ip)
                     link = by_index.get(port) if port else None
                     if link is None:
                         problems.append(f"{ip} is behind bridge {by_index[oif].name} but its port is not known yet")

@@ -1,68 +1,69 @@
 """Kernel change notifications: an rtnetlink socket subscribed to link and tc events.
 
 The daemon only needs to know *that* links or tc objects changed (it then
-reads, diffs and writes as on any resync), so this is a raw non-blocking
-socket whose messages are counted by type, not parsed.
+reads, diffs and writes as on any resync), so messages are counted by type,
+not parsed. When the socket overflows (ENOBUFS: the kernel dropped events
+we did not read in time) that is reported as ``overflow``: some change may
+be unknown, so the caller does a full resync. Any other socket error is a
+KernelError, not a silent retry.
 """
 
 from __future__ import annotations
 
-import socket
-import struct
+import errno as errno_mod
+from dataclasses import dataclass
 
-NETLINK_ROUTE = 0
+from ..errors import KernelError
+from . import nlmsg
+from .rtnl import open_socket
+
 RTMGRP_LINK = 0x1
 RTMGRP_TC = 0x8
 RTM_NEWLINK, RTM_DELLINK = 16, 17
-_NLMSGHDR = struct.Struct("=IHHII")
+# Bound one drain: under an event storm the loop must get back to its other work.
+MAX_READS_PER_DRAIN = 256
+
+
+@dataclass(frozen=True)
+class Drained:
+    links: int = 0
+    tcs: int = 0
+    overflow: bool = False  # events were lost: resync everything
+
+    @property
+    def any(self) -> bool:
+        return bool(self.links or self.tcs or self.overflow)
 
 
 class KernelEvents:
-    def __init__(self, netns: str | None = None) -> None:
-        if netns:
-            # A socket belongs to the namespace it was created in; only this thread switches.
-            from pyroute2 import netns as nsmod
-
-            nsmod.pushns(netns)
-            try:
-                self.sock = self._open()
-            finally:
-                nsmod.popns()
-        else:
-            self.sock = self._open()
-
-    @staticmethod
-    def _open() -> socket.socket:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, NETLINK_ROUTE)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        sock.bind((0, RTMGRP_LINK | RTMGRP_TC))
-        return sock
+    def __init__(self, netns: str | None = None, run_root: str = "/run", *, sock=None) -> None:
+        self.sock = sock if sock is not None else open_socket(netns, run_root, RTMGRP_LINK | RTMGRP_TC,
+                                                                nonblocking=True)
+        self.where = netns or "this namespace"
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def drain(self) -> tuple[int, int]:
-        """Read everything pending: (link events, tc events). An overrun counts as both."""
+    def drain(self) -> Drained:
+        """Read what is pending (at most MAX_READS_PER_DRAIN datagrams)."""
         links = tcs = 0
-        while True:
+        overflow = False
+        for _ in range(MAX_READS_PER_DRAIN):
             try:
                 data = self.sock.recv(1 << 16)
             except BlockingIOError:
-                return links, tcs
-            except OSError:  # ENOBUFS: we missed events; treat as "everything changed"
-                links += 1
-                tcs += 1
-                continue
-            off = 0
-            while off + _NLMSGHDR.size <= len(data):
-                length, mtype, _, _, _ = _NLMSGHDR.unpack_from(data, off)
-                if mtype in (RTM_NEWLINK, RTM_DELLINK):
+                break
+            except OSError as e:
+                if e.errno == errno_mod.ENOBUFS:
+                    overflow = True
+                    continue  # the socket is usable again after reporting the overrun
+                raise KernelError("read", "kernel events", self.where, e.strerror or str(e), e.errno) from e
+            for m in nlmsg.messages(data):
+                if m.type in (RTM_NEWLINK, RTM_DELLINK):
                     links += 1
                 else:
                     tcs += 1
-                if length < _NLMSGHDR.size:
-                    break
-                off += (length + 3) & ~3
+        return Drained(links, tcs, overflow)
 
     def close(self) -> None:
         self.sock.close()

@@ -14,6 +14,7 @@ from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ..inventory import Capabilities
+from . import netns as netns_mod
 from . import tc as _tc  # noqa: F401 - registers the bfifo codec with pyroute2
 
 
@@ -27,7 +28,9 @@ def probe_capabilities() -> Capabilities:
         return Capabilities(htb=True, u32=True, bpf=False, leaf_kinds=frozenset({"bfifo"}),
                             notes=(f"capability probe skipped ({e.strerror or e}); assuming htb, u32, bfifo",))
     try:
-        with IPRoute(netns=name) as ipr:
+        with netns_mod.entered(name):
+            ipr = IPRoute()  # a socket keeps the namespace it was made in
+        with ipr:
             ipr.link("add", ifname="p0", kind="veth", peer="p1")
             idx = ipr.link_lookup(ifname="p0")[0]
             ipr.link("set", index=idx, state="up")

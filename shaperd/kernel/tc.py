@@ -1,9 +1,11 @@
-"""tc writes over netlink: execute the operations produced by shaperd.diff.
+"""tc writes over netlink: one encoder per typed operation, executed through pyroute2.
 
-Writes go through pyroute2, as one netlink batch and, if the batch fails,
-replayed one by one (after a fresh read and diff) so each failure is
-attributed to its object while the others still land. Reads live in
-kernel/tcstats.py (raw rtnetlink, much cheaper to decode).
+Writes go as one netlink batch and, if the batch fails, are replayed one by
+one by the engine (after a fresh read and diff) so each failure is
+attributed to its object while the others still land. An error is built by
+the operation itself ("verb object on device: cause"). Reads live in
+kernel/rtnl.py. This module knows how to write each object kind; which
+objects to write is the backends' decision.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 import socket
-from dataclasses import dataclass, field
 
 from pyroute2 import IPRoute
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST
@@ -28,21 +29,15 @@ from pyroute2.netlink.rtnl import (
 from pyroute2.netlink.rtnl import tcmsg as tcmsg_mod
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo, tcmsg
 
-from ..diff import Op
+from ..backends.base import ApplyResult, Operation
+from ..backends.htb import ops as htb
+from ..backends.htb.objects import ETH_P_ALL, ROOT_HANDLE, HtbClass, LeafQdisc, U32Filter
+from ..backends.marks import ops as marks
+from ..backends.marks.objects import CLSACT_HANDLE, PRIO_MARK_INGRESS, TC_H_CLSACT, TC_H_INGRESS_PARENT
 from ..errors import KernelError
-from ..state import (
-    ETH_P_ALL,
-    ROOT_HANDLE,
-    CLSACT_HANDLE,
-    PRIO_MARK_INGRESS,
-    TC_H_CLSACT,
-    TC_H_INGRESS_PARENT,
-    BpfFilter,
-    HtbClass,
-    LeafQdisc,
-    U32Filter,
-)
 from ..units import bps_to_Bps, xmit_ticks
+from . import bpf
+from . import netns as netns_mod
 
 # bfifo shares pfifo's option struct (struct tc_fifo_qopt { u32 limit; });
 # pyroute2 0.9 only registers the pfifo name.
@@ -56,23 +51,17 @@ _F_ADD = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
 _F_DEL = NLM_F_REQUEST | NLM_F_ACK
 
 
-def open_netlink(netns: str | None = None) -> IPRoute:
-    """An rtnetlink socket, in ``netns`` if given (tests), else this process's namespace."""
-    try:
-        return IPRoute(netns=netns) if netns else IPRoute()
-    except OSError as e:
-        raise KernelError("open", "rtnetlink socket", netns or "this namespace", e.strerror or str(e), e.errno) from e
-
-
-# ------------------------------------------------------------------ reading
+def open_writer(netns: str | None = None, run_root: str = "/run") -> IPRoute:
+    """pyroute2's rtnetlink socket for writes, created inside ``netns`` (kernel/netns.py)."""
+    with netns_mod.entered(netns, run_root):
+        try:
+            return IPRoute()
+        except OSError as e:
+            raise KernelError("open", "rtnetlink socket", netns or "this namespace", e.strerror or str(e), e.errno) from e
 
 
 def _info(prio: int, protocol: int) -> int:
     return (prio << 16) | socket.htons(protocol)
-
-
-def _proto(info: int) -> int:
-    return socket.ntohs(info & 0xFFFF)
 
 
 # ------------------------------------------------------------------ writing
@@ -130,56 +119,68 @@ def _u32_options(f: U32Filter) -> dict:
     return {"attrs": attrs}
 
 
-def build_message(op: Op, bpf_fd: int | None = None):
+def _u32_filter(op: htb.AddU32Filter, fd: int | None):
+    f = op.filter
+    return _msg(RTM_NEWTFILTER, _F_ADD, op.ifindex, 0, ROOT_HANDLE, _info(f.prio, f.protocol), "u32", _u32_options(f))
+
+
+def _bpf_filter(op: htb.AddBpfFilter, fd: int | None):
+    opts = {"attrs": [["TCA_BPF_FD", fd], ["TCA_BPF_NAME", op.filter.name], ["TCA_BPF_FLAGS", 0]]}
+    return _msg(RTM_NEWTFILTER, _F_ADD, op.ifindex, 1, ROOT_HANDLE, _info(op.filter.prio, ETH_P_ALL), "bpf", opts)
+
+
+def _set_mark(op: marks.SetMark, fd: int | None):
+    opts = {"attrs": [["TCA_BPF_FD", fd], ["TCA_BPF_NAME", op.mark.name], ["TCA_BPF_FLAGS", 1]]}  # direct action
+    return _msg(RTM_NEWTFILTER, _F_PUT, op.ifindex, 1, TC_H_INGRESS_PARENT, _info(PRIO_MARK_INGRESS, ETH_P_ALL),
+                "bpf", opts)
+
+
+# One encoder per operation class: (operation, fd of its loaded BPF program or None) -> netlink request.
+ENCODERS = {
+    htb.CreateRoot: lambda op, _fd: _msg(RTM_NEWQDISC, _F_PUT, op.ifindex, op.root.handle, TC_H_ROOT, kind="htb",
+                                         options=_htb_init(op.root.default_minor)),
+    htb.ChangeRoot: lambda op, _fd: _msg(RTM_NEWQDISC, _F_DEL, op.ifindex, op.root.handle, TC_H_ROOT, kind="htb",
+                                         options=_htb_init(op.root.default_minor)),
+    htb.DeleteRoot: lambda op, _fd: _msg(RTM_DELQDISC, _F_DEL, op.ifindex, ROOT_HANDLE, TC_H_ROOT),
+    htb.CreateClass: lambda op, _fd: _msg(RTM_NEWTCLASS, _F_PUT, op.ifindex, op.cls.classid, op.cls.parent, kind="htb",
+                                          options=_htb_class_options(op.cls)),
+    htb.ChangeClass: lambda op, _fd: _msg(RTM_NEWTCLASS, _F_PUT, op.ifindex, op.cls.classid, op.cls.parent, kind="htb",
+                                          options=_htb_class_options(op.cls)),
+    htb.DeleteClass: lambda op, _fd: _msg(RTM_DELTCLASS, _F_DEL, op.ifindex, op.classid, 0),
+    htb.SetLeaf: lambda op, _fd: _msg(RTM_NEWQDISC, _F_PUT, op.ifindex, op.leaf.handle, op.leaf.parent,
+                                      kind=op.leaf.kind, options=_leaf_options(op.leaf)),
+    htb.AddU32Filter: _u32_filter,
+    htb.AddBpfFilter: _bpf_filter,
+    htb.DeleteFilter: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, op.filter.handle, ROOT_HANDLE,
+                                           _info(op.filter.prio, op.filter.protocol), op.filter.kind),
+    htb.DeleteFilterGroup: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, 0, ROOT_HANDLE,
+                                                _info(op.prio, op.protocol)),
+    marks.AddClsact: lambda op, _fd: _msg(RTM_NEWQDISC, _F_ADD, op.ifindex, CLSACT_HANDLE, TC_H_CLSACT, kind="clsact"),
+    marks.SetMark: _set_mark,
+    marks.DeleteMark: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, 1, TC_H_INGRESS_PARENT,
+                                           _info(PRIO_MARK_INGRESS, ETH_P_ALL), "bpf"),
+}
+
+# Operations that attach a generated program: how to build its bytecode, and its name.
+PROGRAMS = {
+    htb.AddBpfFilter: lambda op: ({
+        "cgroup": lambda: bpf.cgroup_classifier(op.filter.mapping),
+        "mark": lambda: bpf.mark_classifier(op.filter.mapping),
+    }.get(op.filter.kind, lambda: bpf.ifindex_classifier(dict(op.filter.mapping))), op.filter.name),
+    marks.SetMark: lambda op: ((lambda: bpf.mark_setter(op.mark.value, op.mark.mask)), op.mark.name),
+}
+
+
+def build_message(op: Operation, bpf_fd: int | None = None):
     """The netlink request for one operation."""
-    idx = op.ifindex
-    if op.verb == "replace-root":
-        return _msg(RTM_NEWQDISC, _F_PUT, idx, op.obj.handle, TC_H_ROOT, kind="htb", options=_htb_init(op.obj.default_minor))
-    if op.verb == "change-root":
-        return _msg(RTM_NEWQDISC, _F_DEL, idx, op.obj.handle, TC_H_ROOT, kind="htb", options=_htb_init(op.obj.default_minor))
-    if op.verb == "delete-root":
-        return _msg(RTM_DELQDISC, _F_DEL, idx, ROOT_HANDLE, TC_H_ROOT)
-    if op.verb == "put-class":
-        c = op.obj
-        return _msg(RTM_NEWTCLASS, _F_PUT, idx, c.classid, c.parent, kind="htb", options=_htb_class_options(c))
-    if op.verb == "delete-class":
-        return _msg(RTM_DELTCLASS, _F_DEL, idx, op.obj, 0)
-    if op.verb == "put-leaf":
-        q = op.obj
-        return _msg(RTM_NEWQDISC, _F_PUT, idx, q.handle, q.parent, kind=q.kind, options=_leaf_options(q))
-    if op.verb == "add-filter" and isinstance(op.obj, U32Filter):
-        f = op.obj
-        return _msg(RTM_NEWTFILTER, _F_ADD, idx, 0, ROOT_HANDLE, _info(f.prio, f.protocol), "u32", _u32_options(f))
-    if op.verb == "add-filter" and isinstance(op.obj, BpfFilter):
-        f = op.obj
-        opts = {"attrs": [["TCA_BPF_FD", bpf_fd], ["TCA_BPF_NAME", f.name], ["TCA_BPF_FLAGS", 0]]}
-        return _msg(RTM_NEWTFILTER, _F_ADD, idx, 1, ROOT_HANDLE, _info(f.prio, ETH_P_ALL), "bpf", opts)
-    if op.verb == "add-clsact":
-        return _msg(RTM_NEWQDISC, _F_ADD, idx, CLSACT_HANDLE, TC_H_CLSACT, kind="clsact")
-    if op.verb == "put-mark":
-        m = op.obj
-        opts = {"attrs": [["TCA_BPF_FD", bpf_fd], ["TCA_BPF_NAME", m.name], ["TCA_BPF_FLAGS", 1]]}  # direct action
-        return _msg(RTM_NEWTFILTER, _F_PUT, idx, 1, TC_H_INGRESS_PARENT, _info(PRIO_MARK_INGRESS, ETH_P_ALL), "bpf", opts)
-    if op.verb == "delete-mark":
-        return _msg(RTM_DELTFILTER, _F_DEL, idx, 1, TC_H_INGRESS_PARENT, _info(PRIO_MARK_INGRESS, ETH_P_ALL), "bpf")
-    if op.verb == "delete-filter":
-        f = op.obj
-        return _msg(RTM_DELTFILTER, _F_DEL, idx, f.handle, ROOT_HANDLE, _info(f.prio, f.protocol), f.kind)
-    if op.verb == "delete-filter-group":
-        prio, proto = op.obj
-        return _msg(RTM_DELTFILTER, _F_DEL, idx, 0, ROOT_HANDLE, _info(prio, proto))
-    raise ValueError(f"unknown operation {op.verb}")
+    try:
+        encode = ENCODERS[type(op)]
+    except KeyError:
+        raise TypeError(f"no tc encoder for {type(op).__name__}") from None
+    return encode(op, bpf_fd)
 
 
-@dataclass
-class ApplyResult:
-    applied: list[Op] = field(default_factory=list)
-    failed: list[tuple[Op, KernelError]] = field(default_factory=list)
-    # A batch that failed part-way: some writes may have landed; re-read and re-diff.
-    batch_failed: bool = False
-
-
-def apply_ops(ipr: IPRoute, ops: list[Op], batch: bool = True) -> ApplyResult:
+def apply_ops(ipr: IPRoute, ops: list[Operation], batch: bool = True) -> ApplyResult:
     """Execute ``ops`` in order.
 
     ``batch``: one netlink batch (fast; all-or-report). If it fails the
@@ -206,10 +207,10 @@ def apply_ops(ipr: IPRoute, ops: list[Op], batch: bool = True) -> ApplyResult:
                 ipr.nlm_request_batch([build_message(op, _bpf_fd(op, fds))])
                 result.applied.append(op)
             except NetlinkError as e:
-                if op.verb.startswith("delete") and e.code == errno_mod.ENOENT:
+                if op.deletes and e.code == errno_mod.ENOENT:
                     result.applied.append(op)  # already gone: the goal holds
                 else:
-                    result.failed.append((op, _kernel_error(op, e)))
+                    result.failed.append((op, op.error(os.strerror(e.code), e.code)))
             except KernelError as e:
                 result.failed.append((op, e))
     finally:
@@ -218,33 +219,15 @@ def apply_ops(ipr: IPRoute, ops: list[Op], batch: bool = True) -> ApplyResult:
     return result
 
 
-def _bpf_fd(op: Op, fds: list[int]) -> int | None:
+def _bpf_fd(op: Operation, fds: list[int]) -> int | None:
     """Load the program an operation attaches; the fd is closed after the request."""
-    from . import bpf
-
-    if op.verb == "add-filter" and isinstance(op.obj, BpfFilter):
-        f = op.obj
-        build = {
-            "cgroup": lambda: bpf.cgroup_classifier(f.mapping),
-            "mark": lambda: bpf.mark_classifier(f.mapping),
-        }.get(f.kind, lambda: bpf.ifindex_classifier(dict(f.mapping)))
-        name = f.name
-    elif op.verb == "put-mark":
-        m = op.obj
-        build, name = (lambda: bpf.mark_setter(m.value, m.mask)), m.name
-    else:
+    program = PROGRAMS.get(type(op))
+    if program is None:
         return None
+    build, name = program(op)
     try:
         fd = bpf.load_sched_cls(build(), name)
     except (bpf.BpfError, OSError, ValueError) as e:
         raise KernelError("load", f"bpf program {name}", op.device, str(e)) from e
     fds.append(fd)
     return fd
-
-
-def _kernel_error(op: Op, e: NetlinkError) -> KernelError:
-    desc = op.describe()
-    verb, _, rest = desc.partition(" ")
-    obj = rest.split(" on ")[0]
-    return KernelError(verb, obj, op.device, os.strerror(e.code), e.code)
-

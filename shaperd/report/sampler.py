@@ -33,7 +33,7 @@ An interval in which a counter went backwards (the class was deleted and
 recreated) is skipped; intervals longer than ``max_interval_s`` (the sampler
 stalled) are skipped too rather than smeared over a long gap.
 
-Must not: import pyroute2 (samples come from kernel/tc via report/status), or
+Must not: import pyroute2 (samples come from kernel/rtnl via report/status), or
 do anything but read.
 """
 
@@ -46,13 +46,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
 from .. import log
+from ..backends.base import ClassTarget
 
 # Below-guarantee tolerance: 2 % of the guarantee (see module docstring).
 BELOW_MARGIN = 0.02
 
 
 class Counters(Protocol):
-    """The fields of kernel.tcstats.ClassStats this module reads."""
+    """The fields of a kernel.rtnl_rows.HtbClassRow this module reads."""
 
     bytes: int
     packets: int
@@ -64,15 +65,8 @@ class Counters(Protocol):
     ceil_Bps: int
 
 
-@dataclass(frozen=True)
-class Target:
-    """What one HTB class on one device is for. ``None`` rates: use the kernel's."""
-
-    tenant: str
-    device: str
-    classid: int
-    guarantee_bps: int | None = None
-    limit_bps: int | None = None
+# What one HTB class on one device is for. ``None`` rates: use the kernel's.
+Target = ClassTarget
 
 
 @dataclass(frozen=True)
@@ -251,42 +245,3 @@ class Sampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-
-
-def targets_from_plan(plan) -> dict[tuple[str, int], Target]:
-    """(device, classid) -> Target from a planner.Plan (configured rates, per device)."""
-    out = {}
-    for dp in plan.devices:
-        by_id = {c.classid: c for c in dp.classes}
-        for tenant, cid in dp.tenant_classes.items():
-            c = by_id.get(cid)
-            if c is not None:
-                out[(dp.device, cid)] = Target(tenant, dp.device, cid, c.rate_bps, c.ceil_bps)
-    return out
-
-
-def endpoints_from_plan(cfg, plan) -> dict[str, dict[str, int]]:
-    """tenant -> {"cidr": n, "interface": n, "cgroup": n}: endpoints mapped and enforced now.
-
-    Interfaces and cgroups count only where they are enforced (the cls_bpf
-    mappings of the plan); pods have their own series (shaperd_tenant_pods).
-    """
-    out = {t.name: {"cidr": len(t.match.cidrs), "interface": 0, "cgroup": 0} for t in cfg.tenants}
-    for dp in plan.devices[:1]:
-        owner = {cid: name for name, cid in dp.tenant_classes.items()}
-        for f in dp.filters:
-            if getattr(f, "kind", "") == "cgroup":
-                for _level, _id, cid in f.mapping:
-                    if cid in owner:
-                        out[owner[cid]]["cgroup"] += 1
-    for dp in plan.devices:
-        owner = {cid: name for name, cid in dp.tenant_classes.items()}
-        for f in dp.filters:
-            mapping = getattr(f, "mapping", None)
-            if mapping is None or getattr(f, "kind", "ifindex") != "ifindex":
-                continue
-            for _ifindex, cid in mapping:
-                if cid in owner:
-                    out[owner[cid]]["interface"] += 1
-        break  # the interface mapping is the same on every shaped device
-    return out

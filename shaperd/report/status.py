@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 
 from ..config import load_file
 from ..errors import ConfigError
-from ..planner import assign_minors
-from ..state import DEFAULT_CLASS_MINOR, HANDLE_MAJOR, ROOT_CLASS_MINOR, fmt_handle
+from ..backends.ids import assign_minors
+from ..backends.htb.objects import DEFAULT_CLASS_MINOR, HANDLE_MAJOR, ROOT_CLASS_MINOR, fmt_handle
 from ..units import format_rate
 
 
@@ -51,8 +51,10 @@ def class_labels(config_path: str | None) -> dict[int, str]:
 
 
 def sample(reader) -> dict[tuple[str, int], object]:
-    """One read of every shaperd class on every shaped device: {(device, classid): ClassStats}."""
-    return reader.sample()
+    """One read of every shaperd class on every shaped device: {(device, classid): class row}."""
+    from ..backends.htb.observe import read_counters
+
+    return read_counters(reader)
 
 
 def rows(prev: dict, cur: dict, window_s: float, labels: dict[int, str]) -> list[Row]:
@@ -92,9 +94,9 @@ def render_table(rs: list[Row]) -> str:
 
 
 def main(args) -> int:
-    from ..kernel.tcstats import StatsReader
+    from ..kernel.rtnl import RtnlReader
 
-    ipr = StatsReader(getattr(args, "netns", None))
+    ipr = RtnlReader(getattr(args, "netns", None))
     labels = class_labels(args.config)
     prev = sample(ipr)
     t0 = time.monotonic()

@@ -2,7 +2,7 @@
 
 Works with or without the daemon: it samples class counters like ``shaperd
 status`` (report/status.py: same classes, same labels via class_labels; read
-through kernel/tcstats.py like the daemon's sampler) and feeds them through the same accounting as
+through kernel/rtnl.py like the daemon's sampler) and feeds them through the same accounting as
 the daemon's metrics (report/sampler.py), so "borrowed" and "below
 guarantee" mean the same thing in both places (accumulated since ``top``
 started). Guarantee and limit are what the kernel enforces (HTB rate/ceil).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..state import fmt_handle
+from ..backends.htb.objects import fmt_handle
 from ..units import format_rate
 from .sampler import Accumulator, TenantSeries, Target
 from .status import class_labels
@@ -77,9 +77,10 @@ def render(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, 
 
 
 def main(args) -> int:
-    from ..kernel.tcstats import StatsReader
+    from ..kernel.rtnl import RtnlReader
+    from .status import sample
 
-    reader = StatsReader(getattr(args, "netns", None))
+    reader = RtnlReader(getattr(args, "netns", None))
     labels = class_labels(args.config)
     acc = Accumulator(rate_window_s=max(2.0, args.interval))
     tty = sys.stdout.isatty()
@@ -87,7 +88,7 @@ def main(args) -> int:
     n = 0
     try:
         while True:
-            stats = reader.sample()
+            stats = sample(reader)
             targets = {k: Target(labels[k[1]], k[0], k[1]) for k in stats
                        if k[1] in labels and not labels[k[1]].startswith("(")}
             acc.ingest(time.monotonic(), stats, targets)

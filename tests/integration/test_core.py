@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pyroute2 import IPRoute
 
-from shaperd.planner import assign_minors
-from shaperd.state import ROOT_HANDLE
+from shaperd.backends.htb.objects import ROOT_HANDLE
+from shaperd.backends.ids import assign_minors
 
 from .conftest import ROOT, needs_root, run, wait_for
 

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from shaperd.planner import assign_minors
-from shaperd.state import ROOT_HANDLE
+from shaperd.backends.htb.objects import ROOT_HANDLE
+from shaperd.backends.ids import assign_minors
 from tests.k8s_fake import FakeKubeAPI, make_pod, write_kubeconfig
 
 from .conftest import PY, SENDER, needs_root, run, wait_for

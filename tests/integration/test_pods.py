@@ -19,10 +19,11 @@ from shaperd.config import load_text
 from shaperd.discovery.cgroups import cgroup2_root
 from shaperd.kernel import tc
 from shaperd.kernel.probe import probe_capabilities
-from shaperd.kernel.tcstats import StatsReader
-from shaperd.planner import assign_minors
-from shaperd.reconciler import Reconciler
-from shaperd.state import ROOT_HANDLE
+from shaperd.backends.htb.objects import ROOT_HANDLE
+from shaperd.backends.ids import assign_minors
+from shaperd.backends.marks.ops import SetMark
+from shaperd.engine.reconciler import Reconciler, default_backends
+from shaperd.kernel.rtnl import RtnlReader
 
 from .conftest import PY, SENDER, needs_root, run, wait_for
 
@@ -61,9 +62,9 @@ def node(bed):
     bed.exec("sysctl", "-qw", "net.ipv4.ip_forward=1")
     bed.exec("sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
     pods: list[FakePod] = []
-    ipr = tc.open_netlink(bed.node)
-    reader = StatsReader(bed.node)
-    rec = Reconciler(ipr, caps, pods_source=lambda: pods, reader=reader)
+    ipr = tc.open_writer(bed.node)
+    reader = RtnlReader(bed.node)
+    rec = Reconciler(reader, default_backends(ipr), caps, pods_source=lambda: pods)
     cfg = load_text(CFG)
 
     class Node:
@@ -76,8 +77,8 @@ def node(bed):
             return rep
 
         def counters(self):
-            stats = reader.classes("up0", ipr.link_lookup(ifname="up0")[0])
-            return {cid: (s.packets, s.bytes) for cid, s in stats.items()}
+            stats = reader.htb_classes(ipr.link_lookup(ifname="up0")[0], "up0")
+            return {s.classid: (s.packets, s.bytes) for s in stats}
 
         def pod_ns(self, name):
             return bed.ns(f"{bed.tag}-{name}")
@@ -120,7 +121,7 @@ def test_routed_veth_pod_calico_style(node):
     run("ip", "-n", node.bed.node, "route", "add", "198.18.20.2/32", "dev", "cali1", "scope", "link")
     node.pods.append(FakePod("uid-r", "team-a", "trainer-0", {"training-tenant": "tenant-a"}, ("198.18.20.2",)))
     rep = node.apply()
-    assert any(op.verb == "put-mark" and op.device == "cali1" for d in rep.devices for op in d.ops)
+    assert any(isinstance(op, SetMark) and op.device == "cali1" for d in rep.devices for op in d.ops)
     before = node.counters()
     node.send(ns, "198.18.0.2", 900, 80)
     assert delta(before, node.counters(), A) == (80, 80 * (900 + 42))
@@ -139,7 +140,7 @@ def test_bridged_dual_stack_pod(node):
     n.bed.exec("ping", "-c", "1", "-W", "1", "198.18.21.1", ns=ns, check=False)
     n.pods.append(FakePod("uid-b", "team-b", "loader-0", {}, ("198.18.21.2", "2001:db8:21::2")))
     rep = n.apply()
-    assert any(op.verb == "put-mark" and op.device == "vethb1" for d in rep.devices for op in d.ops), rep.plan.warnings
+    assert any(isinstance(op, SetMark) and op.device == "vethb1" for d in rep.devices for op in d.ops), rep.plan.warnings
     before = n.counters()
     n.send(ns, "198.18.0.2", 700, 50)
     n.send(ns, "2001:db8:1::2", 600, 30)
@@ -193,7 +194,7 @@ def test_host_network_pod_by_cgroup(node):
                 made.append(d)
         node.pods.append(FakePod(uid, "team-a", "nccl-0", {"training-tenant": "tenant-a"}, (), host_network=True))
         rep = node.apply()
-        assert any(f.kind == "cgroup" for dp in rep.plan.devices for f in dp.filters if hasattr(f, "kind"))
+        assert any(f.kind == "cgroup" for dp in rep.plan.desired["htb"].devices for f in dp.filters if hasattr(f, "kind"))
         before = node.counters()
         # A process of the pod (in its container cgroup) sends from the node's own address. It joins
         # the cgroup before entering the namespace: `ip netns exec` remounts /sys without cgroup2.
@@ -254,16 +255,17 @@ def test_bad_pods_are_reported_and_never_cost_the_others(node, monkeypatch):
         FakePod("uid-h", "team-a", "vanishing", {"training-tenant": "tenant-a"}, ("198.18.26.2",)),
     ])
     # The vanishing pod's interface disappears between the read and the write.
-    real_read = n.rec.reader.marks
+    marks = next(b for b in n.rec.backends if b.name == "marks")
+    real_observe = marks.observe
 
-    def read_then_delete(*args):
-        out = real_read(*args)
+    def observe_then_delete(*args):
+        out = real_observe(*args)
         run("ip", "-n", n.bed.node, "link", "del", "vethh1", check=False)
         return out
 
-    monkeypatch.setattr(n.rec.reader, "marks", read_then_delete)
+    monkeypatch.setattr(marks, "observe", observe_then_delete)
     rep = n.rec.apply(n.cfg)
-    monkeypatch.setattr(n.rec.reader, "marks", real_read)
+    monkeypatch.setattr(marks, "observe", real_observe)
     warnings = "\n".join(rep.plan.warnings)
     assert "pending" in warnings and "no pod IP yet" in warnings
     assert "gone" in warnings and "198.18.77.7" in warnings

@@ -5,11 +5,14 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from shaperd import config, planner
-from shaperd.diff import diff_device, diff_teardown
+from shaperd import config
+from shaperd.backends import ids
+from shaperd.backends.htb import ops, plan as planner
+from shaperd.backends.htb import ops as ops_mod
+from shaperd.backends.htb.diff import diff_device, diff_teardown
+from shaperd.backends.htb.render import render
 from shaperd.inventory import Capabilities, Inventory, Link
-from shaperd.render import render
-from shaperd.state import (
+from shaperd.backends.htb.objects import (
     DEFAULT_CLASS_MINOR, HANDLE_MAJOR, ROOT_HANDLE, DeviceState, ObservedClass, ObservedFilter, RootQdisc,
     U32Filter, classid, src_prefix_keys,
 )
@@ -100,14 +103,14 @@ def test_priority_rank_mapping_ties_and_overflow():
 
 def test_class_ids_depend_only_on_the_set_of_names():
     names = [f"tenant-{i}" for i in range(200)]
-    a = planner.assign_minors(names)
+    a = ids.assign_minors(names)
     shuffled = names[:]
     random.Random(1).shuffle(shuffled)
-    assert planner.assign_minors(shuffled) == a
+    assert ids.assign_minors(shuffled) == a
     assert len(set(a.values())) == 200 and HANDLE_MAJOR not in a.values()
     assert all(0x10 <= m <= 0xFFF0 for m in a.values())
     # Adding a tenant moves nobody unless its hash slot collides.
-    b = planner.assign_minors(names + ["newcomer"])
+    b = ids.assign_minors(names + ["newcomer"])
     moved = [n for n in names if a[n] != b[n]]
     assert len(moved) <= 1
 
@@ -131,9 +134,9 @@ def observed_from_plan(dp) -> DeviceState:
 def test_fresh_device_gets_full_tree_and_in_sync_device_gets_nothing():
     dp = source_plan().devices[0]
     fresh = diff_device(dp, DeviceState("eth0", 2, RootQdisc("mq", 0)))
-    assert fresh.ops[0].verb == "replace-root"
-    assert sum(op.verb == "put-class" for op in fresh.ops) == len(dp.classes)
-    assert sum(op.verb == "add-filter" for op in fresh.ops) == len(dp.filters)
+    assert isinstance(fresh.ops[0], ops.CreateRoot)
+    assert sum(isinstance(op, ops.CreateClass) for op in fresh.ops) == len(dp.classes)
+    assert sum(isinstance(op, (ops.AddU32Filter, ops.AddBpfFilter)) for op in fresh.ops) == len(dp.filters)
     assert diff_device(dp, observed_from_plan(dp)).ops == []
 
 
@@ -146,11 +149,12 @@ def test_drift_is_repaired_minimally():
     dropped = obs.filters.pop()
     obs.filters.append(ObservedFilter("u32", 5, 0x0800, 0x80100800, ROOT_HANDLE, classid(2), ()))
     ops = diff_device(dp, obs).ops
-    verbs = [(op.verb, op.reason.split(":")[0]) for op in ops]
-    assert verbs == [
-        ("delete-filter-group", "stale"), ("delete-class", "stale"), ("put-class", "differs"), ("add-filter", "missing"),
+    kinds = [(type(op), op.reason.split(":")[0]) for op in ops]
+    assert kinds == [
+        (ops_mod.DeleteFilterGroup, "stale"), (ops_mod.DeleteClass, "stale"), (ops_mod.ChangeClass, "differs"),
+        (ops_mod.AddU32Filter, "missing"),
     ]
-    assert ops[-1].obj == dropped.identity() or ops[-1].obj.keys == dropped.keys
+    assert ops[-1].filter.keys == dropped.keys
 
 
 def test_duplicate_filters_are_removed():
@@ -159,7 +163,7 @@ def test_duplicate_filters_are_removed():
     dup = obs.filters[-1]
     obs.filters.append(ObservedFilter(dup.kind, dup.prio, dup.protocol, dup.handle + 100, ROOT_HANDLE, dup.classid, dup.keys))
     ops = diff_device(dp, obs).ops
-    assert [op.verb for op in ops] == ["delete-filter"] and ops[0].obj.handle == dup.handle + 100
+    assert [type(op) for op in ops] == [ops_mod.DeleteFilter] and ops[0].filter.handle == dup.handle + 100
 
 
 def test_foreign_root_is_left_alone_unless_take_over():
@@ -167,13 +171,13 @@ def test_foreign_root_is_left_alone_unless_take_over():
     obs = DeviceState("eth0", 2, RootQdisc("tbf", 0x10000))
     d = diff_device(dp, obs)
     assert d.ops == [] and "tbf 1:" in d.blocked and "takeOver" in d.blocked
-    assert diff_device(dp, obs, take_over=True).ops[0].verb == "replace-root"
+    assert isinstance(diff_device(dp, obs, take_over=True).ops[0], ops.CreateRoot)
     assert diff_device(dp, DeviceState("eth0", 2, RootQdisc("htb", 0x10000))).blocked
 
 
 def test_teardown_only_touches_our_root():
     assert diff_teardown(DeviceState("eth0", 2, RootQdisc("fq_codel", 0))).ops == []
-    assert [op.verb for op in diff_teardown(DeviceState("eth0", 2, RootQdisc("htb", ROOT_HANDLE))).ops] == ["delete-root"]
+    assert [type(op) for op in diff_teardown(DeviceState("eth0", 2, RootQdisc("htb", ROOT_HANDLE))).ops] == [ops.DeleteRoot]
 
 
 def test_render_golden():
@@ -220,3 +224,17 @@ def test_capacity_from_link_speed_keeps_framing_headroom():
     assert dp.capacity_bps == 98 * G and dp.classes[0].ceil_bps == 98 * G
     cfg = config.load_text("node: {capacity: 100Gbps}\n" + SOURCE)
     assert planner.plan(cfg, INV).devices[0].capacity_bps == 100 * G  # an explicit capacity is taken as given
+
+
+def test_operations_describe_themselves_and_build_their_errors():
+    dp = source_plan().devices[0]
+    a = dp.tenant_classes["tenant-a"]
+    c = next(c for c in dp.classes if c.classid == a)
+    op = ops.CreateClass(device="eth0", ifindex=2, cls=c, reason="missing", tenant="tenant-a")
+    assert op.describe() == f"create class 7368:{a & 0xFFFF:x} on eth0 (tenant tenant-a): missing"
+    err = op.error("Operation not permitted", 1)
+    assert str(err) == f"create class 7368:{a & 0xFFFF:x} on eth0: Operation not permitted"
+    assert (err.verb, err.obj, err.device, err.errno) == ("create", f"class 7368:{a & 0xFFFF:x}", "eth0", 1)
+    gone = ops.DeleteFilterGroup(device="eth0", ifindex=2, prio=5, protocol=0x0800, reason="stale")
+    assert gone.deletes and gone.describe() == "delete filters at prio 5 protocol 0x0800 on eth0: stale"
+    assert not op.deletes

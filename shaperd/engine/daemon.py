@@ -9,7 +9,7 @@ loop and leave enforcement in place.
 
 With a metrics address, a sampler thread reads class counters every 0.5 s
 (report/sampler.py) and an HTTP thread serves /metrics, /healthz and /readyz
-(report/metrics.py, report/http.py); the loop only records what it did.
+(report/); the loop only records what it did.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import signal
 import time
 from dataclasses import dataclass
 
-from . import log
-from .config import Config, load_file
-from .errors import ConfigError, ShaperdError
+from .. import log
+from ..config import Config, load_file
+from ..errors import ConfigError, KernelError, ShaperdError
 
 FILE_POLL_S = 1.0
 # Coalesce a burst of link/tc events (including the echo of our own writes) into one reconcile.
@@ -76,6 +76,7 @@ class Daemon:
         self.pods = None
         self.pods_changed = False
         self._wake_fd: int | None = None
+        self.events = None  # kernel.events.KernelEvents while running
 
     # -- signals -------------------------------------------------------
     def _on_term(self, signum, _frame) -> None:
@@ -107,7 +108,7 @@ class Daemon:
 
     # -- main loop -----------------------------------------------------
     def run(self) -> int:
-        from .kernel.events import KernelEvents
+        from ..kernel.events import KernelEvents
 
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
@@ -115,7 +116,7 @@ class Daemon:
         rpipe, wpipe = os.pipe()
         os.set_blocking(wpipe, False)
         signal.set_wakeup_fd(wpipe)
-        events = KernelEvents(self.netns)
+        self.events = KernelEvents(self.netns)
         self._wake_fd = wpipe
         if self.pod_watcher_factory is not None:
             self.pods = self.pod_watcher_factory(self._on_pods_changed)
@@ -137,15 +138,13 @@ class Daemon:
                         self.metrics.kubernetes(self.pods.synced, self.pods.last_error)
                 now = time.monotonic()
                 timeout = max(0.0, min(due if due is not None else next_resync, next_resync, next_poll) - now)
-                ready, _, _ = select.select([events, rpipe], [], [], timeout)
+                ready, _, _ = select.select([self.events, rpipe], [], [], timeout)
                 if rpipe in ready:
                     os.read(rpipe, 4096)
                 now = time.monotonic()
-                if events in ready:
-                    links, tcs = events.drain()
-                    if links or tcs:
-                        soon = now + EVENT_DEBOUNCE_S
-                        due = soon if due is None else min(due, soon)
+                if self.events in ready and self._drain().any:
+                    soon = now + EVENT_DEBOUNCE_S
+                    due = soon if due is None else min(due, soon)
                 if self.pods_changed:
                     self.pods_changed = False
                     soon = now + POD_DEBOUNCE_S
@@ -162,7 +161,7 @@ class Daemon:
                     due = now
                 if due is not None and now >= due and not self.stop:
                     due = self.reconcile(rec)
-                    events.drain()  # the echo of our own writes is not news
+                    self._drain()  # the echo of our own writes is not news
                     next_resync = time.monotonic() + self.resync_s
         finally:
             if self.pods is not None:
@@ -172,11 +171,26 @@ class Daemon:
             if self.sampler is not None:
                 self.sampler.stop()
             signal.set_wakeup_fd(-1)
-            events.close()
+            self.events.close()
             os.close(rpipe)
             os.close(wpipe)
         self.log.info("stopped; enforcement left in place", reconciles=self.reconciles)
         return 0
+
+    def _drain(self):
+        """Pending kernel events; a failed event socket is reopened (and counts as "everything changed")."""
+        from ..kernel.events import Drained, KernelEvents
+
+        try:
+            drained = self.events.drain()
+        except KernelError as e:
+            self.log.error("kernel event socket failed; reopened, full resync", error=str(e))
+            self.events.close()
+            self.events = KernelEvents(self.netns)
+            return Drained(overflow=True)
+        if drained.overflow:
+            self.log.warning("kernel events were lost (event socket overflow); full resync")
+        return drained
 
     def _on_pods_changed(self) -> None:
         """Called on the watcher's thread: flag and wake the loop (a pipe write is thread-safe)."""
@@ -212,13 +226,13 @@ class Daemon:
             delay = RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
             self.log.error("reconcile failed", error=str(e), retry_in_s=delay)
             if self.metrics:
-                from .report.metrics import exception_kind
+                from ..report.metrics import exception_kind
 
                 self.metrics.reconciled(time.perf_counter() - start, {exception_kind(e)}, ok=False, drift=False)
             return time.monotonic() + delay
         failed = any(d.failed or d.error for d in rep.devices)
         drift = rep.changes > 0 and self.applied_gen == gen
-        self.log.info("reconciled", changes=rep.changes, devices=len(rep.plan.devices),
+        self.log.info("reconciled", changes=rep.changes, devices=len(rep.planned_devices),
                       duration_ms=round(rep.duration_s * 1000, 1), ok=rep.ok, drift_repair=drift)
         self._observe(rep, ok=not failed, drift=drift)
         if failed:
@@ -234,9 +248,9 @@ class Daemon:
         """Sampler thread and HTTP endpoint, if a metrics address is set; None otherwise."""
         if not self.metrics_address:
             return None
-        from .report.http import MetricsServer
-        from .report.metrics import Metrics
-        from .report.sampler import Sampler
+        from ..report.http import MetricsServer
+        from ..report.metrics import Metrics
+        from ..report.sampler import Sampler
 
         self.sampler = Sampler(_stats_reader(self.netns))
         self.metrics = Metrics(self.sampler)
@@ -252,10 +266,9 @@ class Daemon:
     def _observe(self, rep, ok: bool, drift: bool) -> None:
         if not self.metrics:
             return
-        from .report.metrics import report_error_kinds
-        from .report.sampler import endpoints_from_plan, targets_from_plan
+        from ..report.metrics import report_error_kinds
 
-        eps = endpoints_from_plan(self.config, rep.plan) if self.config else None
+        eps = rep.endpoints if self.config else None
         self.metrics.reconciled(rep.duration_s, report_error_kinds(rep), ok=ok, drift=drift, endpoints=eps)
         if self.pods is not None and self.config is not None:
             pods = {t.name: 0 for t in self.config.tenants}
@@ -263,24 +276,21 @@ class Daemon:
                 pods[tenant] = pods.get(tenant, 0) + 1
             self.metrics.kubernetes(self.pods.synced, self.pods.last_error, pods)
         if self.sampler is not None:
-            self.sampler.set_targets(targets_from_plan(rep.plan))
+            self.sampler.set_targets(rep.targets)
 
 
 def _stats_reader(netns: str | None):
-    """A read function for the sampler thread, on a netlink socket of its own (reopened after a failure).
-
-    Same output as report.status.sample, through kernel/tcstats.py's raw
-    reader: ~25x cheaper than pyroute2's decoding at 2 samples a second.
-    """
-    from .kernel.tcstats import StatsReader
+    """A read function for the sampler thread, on a netlink socket of its own (reopened after a failure)."""
+    from ..backends.htb.observe import read_counters
+    from ..kernel.rtnl import RtnlReader
 
     holder: dict = {}
 
     def read():
         if "r" not in holder:
-            holder["r"] = StatsReader(netns)
+            holder["r"] = RtnlReader(netns)
         try:
-            return holder["r"].sample()
+            return read_counters(holder["r"])
         except Exception:
             holder.pop("r").close()
             raise

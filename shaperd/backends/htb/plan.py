@@ -1,46 +1,39 @@
-"""The pure planner: (config, inventory) -> the desired tc state per device.
+"""The HTB backend's pure planner: (config, inventory, tenancy) -> the desired tree per uplink.
 
-Owns every decision about *what* the kernel should hold: which devices are
-shaped, class ids, HTB parameter sizing, priority mapping, the default class,
-leaf queues and filters. It must not do I/O or import pyroute2; the kernel
+Owns every decision about *what* HTB should hold: class ids, HTB parameter
+sizing, priority mapping, the default class, leaf queues and filters. Which
+devices are uplinks and which endpoints belong to which tenant is decided
+once for every backend (shaperd/tenancy.py). No I/O, no pyroute2; the kernel
 side only makes the kernel match what this returns.
-
-Other enforcement backends (SR-IOV VF rates, NIC traffic classes for RDMA)
-plug in beside ``plan_device``: they take the same config and inventory and
-return their own desired objects; nothing here needs rewriting.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
 import ipaddress
 from dataclasses import dataclass, field
 
-from .config import Config, Tenant, check_guarantee_sum, default_reserve_bps
-from .errors import ConfigProblem
-from .inventory import Capabilities, Inventory, Link, Pod
-from .state import (
+from ...config import Config, Tenant, check_guarantee_sum, default_reserve_bps
+from ...errors import ConfigProblem
+from ...inventory import Capabilities, Inventory, Link
+from ...tenancy import Tenancy, tenancy
+from ..ids import assign_minors, bpf_program_name
+from .objects import (
     DEFAULT_CLASS_MINOR,
-    HANDLE_MAJOR,
     PRIO_BPF_CGROUP,
     PRIO_BPF_IFINDEX,
     PRIO_BPF_MARK,
     ROOT_CLASS_MINOR,
     ROOT_HANDLE,
-    TENANT_MINOR_FIRST,
-    TENANT_MINOR_LAST,
     BpfFilter,
     DevicePlan,
     Filter,
     HtbClass,
     HtbRoot,
     LeafQdisc,
-    MarkFilter,
     U32Filter,
     classid,
 )
-from .units import format_rate
+from ...units import format_rate
 
 # HTB has 8 priority levels (0 = served first). Tenants use 0..6 by rank of
 # their priority value; 7 is kept for the default class so any tenant borrows
@@ -84,40 +77,22 @@ class HtbSettings:
 
 
 @dataclass(frozen=True)
-class Plan:
+class HtbPlan:
+    """The HTB backend's desired state: one DevicePlan per shaped uplink."""
+
     devices: tuple[DevicePlan, ...] = ()
     # Devices that cannot be shaped as configured: skipped, the others go on.
     problems: tuple[ConfigProblem, ...] = ()
     warnings: tuple[str, ...] = ()
     # Selected devices that could not be planned: their current state is kept.
     skipped: tuple[str, ...] = ()
-    # Marks on host-side pod interfaces (node-wide, not per uplink).
-    marks: tuple[MarkFilter, ...] = ()
-    # pod uid -> tenant for pods mapped to exactly one tenant.
-    pod_tenants: dict[str, str] = field(default_factory=dict, compare=False)
+    # Replace a root qdisc shaperd does not own (node.takeOver or --take-over).
+    take_over: bool = False
+    # tenant -> number of configured source prefixes (metrics: endpoints by kind).
+    tenant_cidrs: dict[str, int] = field(default_factory=dict, compare=False)
 
     def device(self, name: str) -> DevicePlan | None:
         return next((d for d in self.devices if d.device == name), None)
-
-
-def assign_minors(names: list[str] | tuple[str, ...]) -> dict[str, int]:
-    """Class minor per tenant, derived from its name (stable across restarts).
-
-    A hash of the name picks the slot; collisions are resolved by probing in
-    name order, so the result depends only on the set of names. The root
-    handle's major is skipped because leaf qdisc majors equal class minors.
-    """
-    span = TENANT_MINOR_LAST - TENANT_MINOR_FIRST + 1
-    taken = {HANDLE_MAJOR}
-    out: dict[str, int] = {}
-    for name in sorted(names):
-        h = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % span
-        minor = TENANT_MINOR_FIRST + h
-        while minor in taken:
-            minor = TENANT_MINOR_FIRST + (minor - TENANT_MINOR_FIRST + 1) % span
-        taken.add(minor)
-        out[name] = minor
-    return out
 
 
 def htb_prios(tenants: tuple[Tenant, ...]) -> dict[str, int]:
@@ -129,50 +104,6 @@ def htb_prios(tenants: tuple[Tenant, ...]) -> dict[str, int]:
     distinct = sorted({t.priority for t in tenants}, reverse=True)
     rank = {p: min(i, MAX_TENANT_PRIO) for i, p in enumerate(distinct)}
     return {t.name: rank[t.priority] for t in tenants}
-
-
-def bpf_program_name(mapping: tuple[tuple[int, ...], ...], kind: str = "") -> str:
-    """Stable BPF object name (<= 15 chars) identifying a generated program's content."""
-    digest = hashlib.sha256((kind + repr(sorted(mapping))).encode()).hexdigest()[:10]
-    return f"shpd{kind[:1]}_{digest}"[:15]
-
-
-def assign_marks(names: list[str] | tuple[str, ...], mask: int) -> dict[str, int]:
-    """skb->mark value per tenant inside ``mask``, derived from the name like class minors.
-
-    Tenants beyond the mask's capacity get no mark (the planner warns).
-    """
-    shift = (mask & -mask).bit_length() - 1
-    span = mask >> shift  # values 1..span (0 means "no tenant")
-    out: dict[str, int] = {}
-    taken: set[int] = set()
-    for name in sorted(names):
-        if len(taken) >= span:
-            break
-        v = 1 + int.from_bytes(hashlib.sha256(b"mark\0" + name.encode()).digest()[:4], "big") % span
-        while v in taken:
-            v = 1 + v % span
-        taken.add(v)
-        out[name] = v << shift
-    return out
-
-
-def pod_tenants(cfg: Config, pods: tuple[Pod, ...]) -> tuple[dict[str, str], list[str]]:
-    """pod uid -> tenant. A pod matched by two tenants goes to neither (a warning says so)."""
-    out: dict[str, str] = {}
-    warnings: list[str] = []
-    for pod in pods:
-        labels = dict(pod.labels)
-        hits = [
-            t.name for t in cfg.tenants
-            if all(labels.get(k) == v for k, v in t.effective_pod_labels().items())
-            or pod.namespace in t.match.namespaces
-        ]
-        if len(hits) == 1:
-            out[pod.uid] = hits[0]
-        elif len(hits) > 1:
-            warnings.append(f"pod {pod.ref} matches tenants {', '.join(hits)}: it goes to neither (default class)")
-    return out, warnings
 
 
 def htb_class(
@@ -202,88 +133,31 @@ def leaf_for(s: HtbSettings, cls: HtbClass, caps: Capabilities) -> LeafQdisc:
     return LeafQdisc(parent=cls.classid, handle=minor << 16, kind="bfifo", limit=limit)
 
 
-def select_devices(cfg: Config, inv: Inventory) -> tuple[list[Link], list[str]]:
-    """Devices to shape: node.interfaces (names or globs), else the default-route devices."""
-    warnings: list[str] = []
-    if cfg.node.interfaces:
-        chosen: list[Link] = []
-        for pattern in cfg.node.interfaces:
-            hits = [l for l in inv.links if fnmatch.fnmatchcase(l.name, pattern) and l.name != "lo"]
-            if not hits:
-                warnings.append(f"node.interfaces: no device matches {pattern!r} yet; it will be shaped when it appears")
-            chosen.extend(h for h in hits if h not in chosen)
-        return chosen, warnings
-    chosen = [l for name in inv.default_route_devices if (l := inv.link(name)) is not None]
-    if not chosen:
-        warnings.append("node.interfaces is not set and this node has no default route: nothing to shape")
-    return list(dict.fromkeys(chosen)), warnings
-
-
-def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings()) -> Plan:
-    devices, warnings = select_devices(cfg, inv)
+def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings(), ten: Tenancy | None = None,
+         take_over: bool = False) -> HtbPlan:
+    """The HTB tree for every selected uplink; devices that cannot be planned are skipped with a problem."""
+    ten = ten if ten is not None else tenancy(cfg, inv)
     problems: list[ConfigProblem] = []
+    warnings: list[str] = []
     plans: list[DevicePlan] = []
-    shaped = {d.name for d in devices}
-    ifmap, ifwarn = interface_classes(cfg, inv, shaped)
-    warnings.extend(ifwarn)
-    by_pod, podwarn = pod_tenants(cfg, inv.pods)
-    warnings.extend(podwarn)
-    marks_by_tenant = assign_marks([t.name for t in cfg.tenants], cfg.node.mark_mask)
-    for t in cfg.tenants:
-        if t.name not in marks_by_tenant:
-            warnings.append(f"tenant {t.name}: node.markMask 0x{cfg.node.mark_mask:x} has no mark value left; "
-                            "its pods are recognised by address and cgroup only")
-    marks = plan_marks(cfg, inv, by_pod, marks_by_tenant, shaped)
-    for pod in inv.pods:
-        for problem in pod.problems:
-            if pod.uid in by_pod:
-                warnings.append(f"pod {pod.ref} (tenant {by_pod[pod.uid]}): {problem}")
     skipped: list[str] = []
-    for link in sorted(devices, key=lambda l: l.name):
-        dp, probs = plan_device(cfg, inv, link, ifmap, settings, by_pod, marks_by_tenant)
+    for link in sorted(ten.uplinks, key=lambda l: l.name):
+        dp, probs = plan_device(cfg, inv, link, ten.interfaces, settings, ten.pod_tenants, ten.marks)
         problems.extend(probs)
         if dp is not None:
             plans.append(dp)
         else:
             skipped.append(link.name)
-    if ifmap and not inv.capabilities.bpf:
+    if ten.interfaces and not inv.capabilities.bpf:
         warnings.append(
             "match.interfaces needs cls_bpf, which this kernel does not offer: interface matches are NOT enforced "
-            f"({', '.join(sorted({n for n, _ in ifmap.values()}))})"
+            f"({', '.join(sorted({n for n, _ in ten.interfaces.values()}))})"
         )
     if inv.pods and not inv.capabilities.bpf:
         warnings.append("cls_bpf unavailable: pod traffic is recognised by pod address only (not after masquerade)")
-    return Plan(
-        devices=tuple(plans), problems=tuple(problems), warnings=tuple(warnings), skipped=tuple(skipped),
-        marks=marks if inv.capabilities.bpf else (), pod_tenants=by_pod,
-    )
-
-
-def plan_marks(
-    cfg: Config, inv: Inventory, by_pod: dict[str, str], marks_by_tenant: dict[str, int], shaped: set[str]
-) -> tuple[MarkFilter, ...]:
-    """One mark program per host-side interface that carries a tenant pod's traffic."""
-    per_if: dict[int, tuple[str, str, list[str]]] = {}
-    conflicts: set[int] = set()
-    for pod in inv.pods:
-        tenant = by_pod.get(pod.uid)
-        if tenant is None or pod.host_network or pod.host_ifindex is None or pod.host_ifname in shaped:
-            continue
-        if tenant not in marks_by_tenant:
-            continue
-        have = per_if.setdefault(pod.host_ifindex, (tenant, pod.host_ifname or "", []))
-        if have[0] != tenant:
-            conflicts.add(pod.host_ifindex)
-        have[2].append(pod.ref)
-    out = []
-    mask = cfg.node.mark_mask
-    for idx, (tenant, ifname, pods) in sorted(per_if.items()):
-        if idx in conflicts:
-            continue  # two tenants' pods behind one interface: only their addresses can tell them apart
-        value = marks_by_tenant[tenant]
-        out.append(MarkFilter(idx, ifname, value, mask, bpf_program_name(((value, mask),), "mark"),
-                              tenant, tuple(sorted(pods))))
-    return tuple(out)
+    return HtbPlan(devices=tuple(plans), problems=tuple(problems), warnings=tuple(warnings), skipped=tuple(skipped),
+                   take_over=take_over or cfg.node.take_over,
+                   tenant_cidrs={t.name: len(t.match.cidrs) for t in cfg.tenants})
 
 
 def cgroup_entries(
@@ -304,27 +178,6 @@ def cgroup_entries(
             entries.setdefault((pod.cgroup.level, pod.cgroup.id), (classid(minors[tenant]), f"pod {pod.ref}"))
     out = tuple(sorted((lvl, cid, cls) for (lvl, cid), (cls, _) in entries.items()))
     return out, tuple(sorted(label for _, label in entries.values()))
-
-
-def interface_classes(cfg: Config, inv: Inventory, shaped: set[str]) -> tuple[dict[int, tuple[str, str]], list[str]]:
-    """ifindex -> (tenant, interface name) for host-side interfaces named in match.interfaces."""
-    out: dict[int, tuple[str, str]] = {}
-    warnings: list[str] = []
-    claimed: dict[int, list[str]] = {}
-    for t in cfg.tenants:
-        for link in inv.links:
-            if link.name in shaped or link.name == "lo":
-                continue
-            if any(fnmatch.fnmatchcase(link.name, p) for p in t.match.interfaces):
-                claimed.setdefault(link.ifindex, []).append(t.name)
-                out[link.ifindex] = (t.name, link.name)
-    for idx, owners in claimed.items():
-        if len(owners) > 1:
-            warnings.append(
-                f"interface {out[idx][1]} matches tenants {', '.join(owners)}: it goes to neither (default class)"
-            )
-            del out[idx]
-    return out, warnings
 
 
 def plan_device(

@@ -1,4 +1,4 @@
-"""Render a plan as the equivalent ``tc`` commands.
+"""Render the HTB plan as the equivalent ``tc`` commands.
 
 For operators (``shaperd plan`` shows exactly what would be enforced, in the
 language of the tc manual), for golden tests, and for the benchmark's
@@ -8,9 +8,9 @@ speaks netlink. Pure: no I/O.
 
 from __future__ import annotations
 
-from .planner import Plan
-from .state import ETH_P_IP, BpfFilter, DevicePlan, U32Filter, fmt_handle
-from .units import tc_rate
+from ...units import tc_rate
+from .objects import ETH_P_IP, BpfFilter, DevicePlan, U32Filter, fmt_handle
+from .plan import HtbPlan
 
 
 def device_commands(dp: DevicePlan) -> list[list[str]]:
@@ -65,10 +65,11 @@ def comments(dp: DevicePlan, marks=()) -> list[str]:
     return out
 
 
-def render(plan: Plan) -> str:
+def render(plan: HtbPlan, marks=()) -> str:
+    """The plan as tc commands; ``marks`` (the marks backend's programs) are listed in the first device's comments."""
     lines: list[str] = []
     for i, dp in enumerate(plan.devices):
-        lines.extend(comments(dp, plan.marks if i == 0 else ()))
+        lines.extend(comments(dp, marks if i == 0 else ()))
         lines.extend("tc " + " ".join(c) for c in device_commands(dp))
         lines.append("")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""The vocabulary of kernel objects shaperd manages, as plain data.
+"""The HTB backend's objects, as plain data: root qdisc, classes, leaf queues, filters.
 
 Desired state (from the planner) and observed state (from the kernel reader)
 are described with the same types, so the diff compares like with like, field
@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from . import units
+from ... import units
 
 # Root qdisc handle major: "sh" in ASCII. Fixed, so ownership is recognisable
 # from a dump alone and a restarted agent adopts its own tree.
@@ -32,11 +32,6 @@ ETH_P_ALL = 0x0003
 PRIO_BPF_IFINDEX = 10
 PRIO_BPF_CGROUP = 11
 PRIO_BPF_MARK = 20
-# On host-side pod interfaces (clsact ingress): shaperd's mark program.
-PRIO_MARK_INGRESS = 0x7368
-TC_H_CLSACT = 0xFFFFFFF1
-TC_H_INGRESS_PARENT = 0xFFFFFFF2  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS)
-CLSACT_HANDLE = 0xFFFF0000
 PRIO_U32_V4_BASE = 1000  # + (32 - prefix length)
 PRIO_U32_V6_BASE = 2000  # + (128 - prefix length)
 
@@ -171,19 +166,6 @@ class BpfFilter:
     # Labels: which interfaces / cgroups produced the mapping.
     interfaces: tuple[str, ...] = field(default=(), compare=False)
     kind: str = field(default="ifindex", compare=False)
-
-
-@dataclass(frozen=True)
-class MarkFilter:
-    """Marks the traffic entering the node through one host-side interface (clsact ingress)."""
-
-    ifindex: int
-    ifname: str
-    value: int
-    mask: int
-    name: str
-    tenant: str = field(default="", compare=False)
-    pods: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,107 @@
+"""The HTB backend: the protocol's six steps for the tree on each uplink.
+
+Owns the root qdisc 7368: and everything under it on the devices it shapes;
+garbage-collects its tree from devices no longer selected (not from those
+merely failing to plan, which keep what they have).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...errors import KernelError
+from ...inventory import Capabilities, Inventory
+from ...kernel import tc
+from ..base import ApplyResult, BackendStats, ClassTarget, PlanInput, Support, TargetDiff
+from . import observe as obs
+from .diff import diff_device, diff_teardown
+from .objects import DeviceState
+from .plan import HtbPlan, HtbSettings, plan
+
+
+@dataclass
+class HtbObserved:
+    """Every link's root qdisc, and the full tree where it is shaperd's."""
+
+    devices: dict[int, DeviceState] = field(default_factory=dict)
+    # ifindex -> why that device could not be read.
+    errors: dict[int, str] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)
+
+
+class HtbBackend:
+    name = "htb"
+
+    def __init__(self, writer, settings: HtbSettings = HtbSettings(), take_over: bool = False):
+        self.writer = writer  # pyroute2 IPRoute, created by kernel.tc.open_writer in the node's namespace
+        self.settings = settings
+        self.take_over = take_over
+
+    def probe(self, caps: Capabilities) -> Support:
+        if not caps.htb:
+            return Support(False, ("sch_htb missing: no tenant can be shaped on this kernel",))
+        return Support(True)
+
+    def plan(self, ctx: PlanInput) -> HtbPlan:
+        return plan(ctx.config, ctx.inventory, self.settings, ctx.tenancy, self.take_over)
+
+    def observe(self, reads, inv: Inventory) -> HtbObserved:
+        qdiscs = reads.all_qdiscs()
+        out = HtbObserved(names={l.ifindex: l.name for l in inv.links})
+        owned = obs.owned_ifindexes(qdiscs)
+        for link in inv.links:
+            try:
+                if link.ifindex in owned:
+                    out.devices[link.ifindex] = obs.device_state(reads, link.name, link.ifindex, qdiscs)
+                else:  # only the root matters where the tree is not ours: no further dump
+                    out.devices[link.ifindex] = obs.device_state(None, link.name, link.ifindex, qdiscs)
+            except KernelError as e:
+                out.errors[link.ifindex] = str(e)
+        return out
+
+    def diff(self, desired: HtbPlan, observed: HtbObserved) -> list[TargetDiff]:
+        out = []
+        for dp in desired.devices:
+            if dp.ifindex in observed.errors:
+                out.append(TargetDiff(dp.device, error=observed.errors[dp.ifindex]))
+                continue
+            st = observed.devices.get(dp.ifindex)
+            if st is None:
+                out.append(TargetDiff(dp.device, error=f"read device {dp.device}: it is gone"))
+                continue
+            out.append(diff_device(dp, st, desired.take_over))
+        # Garbage: our tree on devices no longer selected (not on those merely failing to plan).
+        keep = {dp.device for dp in desired.devices} | set(desired.skipped)
+        for st in sorted(observed.devices.values(), key=lambda s: s.ifindex):
+            if st.owned and st.device not in keep:
+                out.append(diff_teardown(st, "device no longer selected by node.interfaces"))
+        return out
+
+    def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
+        return tc.apply_ops(self.writer, diff.ops, batch=batch)
+
+    def teardown(self, observed: HtbObserved) -> list[TargetDiff]:
+        return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
+                if (d := diff_teardown(st)).ops]
+
+    def stats(self, desired: HtbPlan) -> BackendStats:
+        out = BackendStats(devices=tuple(dp.device for dp in desired.devices))
+        for dp in desired.devices:
+            by_id = {c.classid: c for c in dp.classes}
+            for tenant, cid in dp.tenant_classes.items():
+                c = by_id.get(cid)
+                if c is not None:
+                    out.targets[(dp.device, cid)] = ClassTarget(tenant, dp.device, cid, c.rate_bps, c.ceil_bps)
+        out.endpoints = {t: {"cidr": n, "interface": 0, "cgroup": 0} for t, n in desired.tenant_cidrs.items()}
+        # The interface and cgroup mappings are the same on every shaped device: count the first.
+        for dp in desired.devices[:1]:
+            owner = {cid: name for name, cid in dp.tenant_classes.items()}
+            for f in dp.filters:
+                kind = getattr(f, "kind", None)
+                if kind not in ("ifindex", "cgroup"):
+                    continue
+                for entry in f.mapping:
+                    tenant = owner.get(entry[-1])
+                    if tenant is not None:
+                        out.endpoints[tenant]["interface" if kind == "ifindex" else "cgroup"] += 1
+        return out

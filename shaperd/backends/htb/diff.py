@@ -1,0 +1,195 @@
+"""Diff desired against observed HTB state: the typed writes that close the gap.
+
+Owns the ownership rules and the order of operations. An in-sync device
+yields no operation at all, so a resync of a healthy node sends no write.
+Pure: no I/O; the kernel side executes the operations.
+
+Ownership, in one place:
+- the root qdisc with handle 7368: of kind htb is shaperd's, and so is
+  everything under it (classes, leaf queues, filters): stale objects there
+  are removed;
+- a kernel default root qdisc (noqueue, pfifo_fast, mq, fq_codel, fq, pfifo)
+  may be replaced;
+- any other root qdisc belongs to someone else and is left alone and
+  reported, unless the operator asked to take over;
+- shaperd never touches ingress/clsact qdiscs here (the marks backend owns
+  only its own filter there) or other devices' state.
+"""
+
+from __future__ import annotations
+
+from ..base import Operation, TargetDiff
+from .objects import (
+    DEFAULT_ROOT_KINDS,
+    ETH_P_ALL,
+    ROOT_HANDLE,
+    BpfFilter,
+    DevicePlan,
+    DeviceState,
+    Filter,
+    HtbClass,
+    U32Filter,
+    fmt_handle,
+)
+from .ops import (
+    AddBpfFilter,
+    AddU32Filter,
+    ChangeClass,
+    ChangeRoot,
+    CreateClass,
+    CreateRoot,
+    DeleteClass,
+    DeleteFilter,
+    DeleteFilterGroup,
+    DeleteRoot,
+    SetLeaf,
+)
+
+_FIELD_NAMES = ("parent", "rate", "ceil", "burst", "cburst", "quantum", "prio")
+
+
+def root_verdict(observed: DeviceState, take_over: bool) -> tuple[str, str]:
+    """('adopt'|'replace'|'foreign', reason) for the device's root qdisc."""
+    root = observed.root
+    if observed.owned:
+        return "adopt", ""
+    if root is None or root.kind in DEFAULT_ROOT_KINDS:
+        kind = root.kind if root else "none"
+        return "replace", f"replacing default root qdisc {kind}"
+    what = f"root qdisc {root.kind} {fmt_handle(root.handle)}"
+    if take_over:
+        return "replace", f"taking over {what} (take-over requested)"
+    return "foreign", f"{what} is not shaperd's; left alone (set node.takeOver or pass --take-over to replace it)"
+
+
+def diff_device(desired: DevicePlan, observed: DeviceState, take_over: bool = False) -> TargetDiff:
+    dev, idx = desired.device, desired.ifindex
+    out = TargetDiff(dev)
+    ops = out.ops
+    verdict, reason = root_verdict(observed, take_over)
+    if verdict == "foreign":
+        out.blocked = reason
+        return out
+    tenant_of = {c.classid: c.tenant for c in desired.classes}
+    if verdict == "adopt" and _needs_rebuild(desired, observed):
+        verdict, reason = "replace", "class tree structure differs; rebuilding"
+    if verdict == "replace":
+        if observed.owned:
+            # Replacing an htb with an htb of the same handle is a "change" to the kernel: remove first.
+            ops.append(DeleteRoot(device=dev, ifindex=idx, reason=reason))
+        ops.append(CreateRoot(device=dev, ifindex=idx, root=desired.root, reason=reason))
+        ops.extend(CreateClass(device=dev, ifindex=idx, cls=c, reason="missing", tenant=c.tenant)
+                   for c in desired.classes)
+        ops.extend(SetLeaf(device=dev, ifindex=idx, leaf=q, reason="missing", tenant=tenant_of.get(q.parent))
+                   for q in desired.leaves)
+        ops.extend(_add_filter(dev, idx, f, "missing", tenant_of) for f in desired.filters)
+        return out
+
+    assert observed.root is not None
+    # 1. filters: delete stale ones first, so stale classes are free to go.
+    want: dict[object, Filter] = {_ident(f): f for f in desired.filters}
+    want_groups = {_group(f) for f in desired.filters}
+    kept: set[object] = set()
+    stale_groups: set[tuple[int, int]] = set()
+    for f in sorted(observed.filters, key=lambda f: (f.prio, f.protocol, f.handle)):
+        if f.parent != ROOT_HANDLE:
+            continue
+        group = (f.prio, f.protocol)
+        if group not in want_groups:
+            stale_groups.add(group)
+            continue
+        ident = f.identity()
+        key = _ident(ident) if ident is not None else None
+        if key is not None and key in want and key not in kept:
+            kept.add(key)
+        else:
+            ops.append(DeleteFilter(device=dev, ifindex=idx, filter=f, reason="stale"))
+    ops.extend(DeleteFilterGroup(device=dev, ifindex=idx, prio=p, protocol=proto, reason="stale")
+               for p, proto in sorted(stale_groups))
+
+    # 2. classes that are not in the plan, deepest first.
+    wanted_ids = {c.classid for c in desired.classes}
+    stale = [cid for cid in observed.classes if cid not in wanted_ids]
+    for cid in sorted(stale, key=lambda c: -_depth(observed, c)):
+        ops.append(DeleteClass(device=dev, ifindex=idx, classid=cid, reason="stale"))
+
+    # 3. the root qdisc's own parameters.
+    if observed.root.default_minor != desired.root.default_minor:
+        ops.append(ChangeRoot(device=dev, ifindex=idx, root=desired.root,
+                              reason=f"default class {observed.root.default_minor:x}"))
+
+    # 4. classes in plan order (parents before children).
+    for c in desired.classes:
+        have = observed.classes.get(c.classid)
+        if have is None:
+            ops.append(CreateClass(device=dev, ifindex=idx, cls=c, reason="missing", tenant=c.tenant))
+        elif have.kernel_fields() != c.kernel_fields():
+            ops.append(ChangeClass(device=dev, ifindex=idx, cls=c, reason=_class_delta(have.kernel_fields(), c),
+                                   tenant=c.tenant))
+
+    # 5. leaf queues.
+    for q in desired.leaves:
+        have_q = observed.leaves.get(q.parent)
+        if have_q != q:
+            why = "missing" if have_q is None else f"was {have_q.kind} {fmt_handle(have_q.handle)} limit {have_q.limit}"
+            ops.append(SetLeaf(device=dev, ifindex=idx, leaf=q, reason=why, tenant=tenant_of.get(q.parent)))
+
+    # 6. missing filters.
+    for key, f in want.items():
+        if key not in kept:
+            ops.append(_add_filter(dev, idx, f, "missing", tenant_of))
+    return out
+
+
+def diff_teardown(observed: DeviceState, reason: str = "teardown") -> TargetDiff:
+    """Remove shaperd's tree from a device (nothing if it carries none)."""
+    out = TargetDiff(observed.device)
+    if observed.owned:
+        out.ops.append(DeleteRoot(device=observed.device, ifindex=observed.ifindex, reason=reason))
+    return out
+
+
+def _add_filter(dev: str, idx: int, f: Filter, reason: str, tenant_of: dict[int, str | None]) -> Operation:
+    if isinstance(f, U32Filter):
+        return AddU32Filter(device=dev, ifindex=idx, filter=f, reason=reason, tenant=tenant_of.get(f.classid))
+    return AddBpfFilter(device=dev, ifindex=idx, filter=f, reason=reason)
+
+
+def _needs_rebuild(desired: DevicePlan, observed: DeviceState) -> bool:
+    # A class whose parent changed cannot be moved in place.
+    for c in desired.classes:
+        have = observed.classes.get(c.classid)
+        if have is not None and have.parent != c.parent:
+            return True
+    return False
+
+
+def _ident(f: object) -> object:
+    """Identity for matching desired and observed filters (labels excluded)."""
+    if isinstance(f, U32Filter):
+        return ("u32", f.prio, f.protocol, f.classid, f.keys)
+    if isinstance(f, BpfFilter):
+        return ("bpf", f.prio, f.name)
+    return None
+
+
+def _group(f: Filter) -> tuple[int, int]:
+    """(prio, protocol): one kernel tcf_proto instance."""
+    return (f.prio, f.protocol if isinstance(f, U32Filter) else ETH_P_ALL)
+
+
+def _depth(observed: DeviceState, cid: int) -> int:
+    depth, seen = 0, set()
+    while cid in observed.classes and cid not in seen:
+        seen.add(cid)
+        cid = observed.classes[cid].parent
+        depth += 1
+    return depth
+
+
+def _class_delta(have: tuple, want: HtbClass) -> str:
+    diffs = [
+        f"{name} {a}->{b}" for name, a, b in zip(_FIELD_NAMES, have, want.kernel_fields()) if a != b
+    ]
+    return "differs: " + ", ".join(diffs)
+

@@ -1,0 +1,68 @@
+"""Read the HTB backend's state from the kernel: rtnetlink rows into DeviceState, and class counters.
+
+Turns the reader's typed rows (kernel/rtnl_rows.py) into the backend's own
+objects, keeping only what is shaperd's (handle major 7368). The reads go
+through the kernel side's reader; no netlink is spoken here.
+"""
+
+from __future__ import annotations
+
+from ...kernel.rtnl_rows import TC_H_ROOT, FilterRow, HtbClassRow, QdiscRow
+from .objects import (
+    HANDLE_MAJOR,
+    ROOT_HANDLE,
+    DeviceState,
+    LeafQdisc,
+    ObservedClass,
+    ObservedFilter,
+    RootQdisc,
+    U32Key,
+)
+
+
+def owned_ifindexes(qdiscs: list[QdiscRow]) -> set[int]:
+    """Devices whose root qdisc is shaperd's."""
+    return {q.ifindex for q in qdiscs if q.parent == TC_H_ROOT and q.handle == ROOT_HANDLE and q.kind == "htb"}
+
+
+def observed_filter(f: FilterRow) -> ObservedFilter:
+    return ObservedFilter(kind=f.kind, prio=f.prio, protocol=f.protocol, handle=f.handle, parent=f.parent,
+                          classid=f.classid, keys=tuple(U32Key(k.value, k.mask, k.offset) for k in f.keys),
+                          name=f.name, mark=f.mark)
+
+
+def device_state(reads, device: str, ifindex: int, qdiscs: list[QdiscRow] | None = None) -> DeviceState:
+    """Root qdisc, shaperd's classes, leaves and filters on one device (three dumps at most)."""
+    st = DeviceState(device=device, ifindex=ifindex, root=None)
+    for q in (qdiscs if qdiscs is not None else reads.qdiscs(ifindex, device)):
+        if q.ifindex != ifindex:
+            continue
+        if q.parent == TC_H_ROOT:
+            st.root = RootQdisc(kind=q.kind, handle=q.handle, default_minor=q.default_minor)
+        elif q.parent >> 16 == HANDLE_MAJOR:
+            st.leaves[q.parent] = LeafQdisc(parent=q.parent, handle=q.handle, kind=q.kind, limit=q.limit)
+    if not st.owned:
+        return st  # nothing under a foreign or default root is ours to read
+    for c in reads.htb_classes(ifindex, device):
+        if c.classid >> 16 != HANDLE_MAJOR:
+            continue
+        # A top-level class reports TC_H_ROOT as parent; shaperd creates it under the qdisc handle.
+        st.classes[c.classid] = ObservedClass(
+            classid=c.classid, parent=ROOT_HANDLE if c.parent == TC_H_ROOT else c.parent, rate_Bps=c.rate_Bps,
+            ceil_Bps=c.ceil_Bps, buffer_ticks=c.buffer_ticks, cbuffer_ticks=c.cbuffer_ticks,
+            quantum_bytes=c.quantum_bytes, prio=c.prio, leaf_handle=c.leaf_handle,
+        )
+    st.filters = [observed_filter(f) for f in reads.filters(ifindex, ROOT_HANDLE, device)]
+    return st
+
+
+def read_counters(reader) -> dict[tuple[str, int], HtbClassRow]:
+    """{(device, classid): class row with counters} for every shaperd class on every shaped device."""
+    names = {l.ifindex: l.name for l in reader.links()}
+    out = {}
+    for idx in sorted(owned_ifindexes(reader.qdiscs())):
+        dev = names.get(idx, str(idx))
+        for c in reader.htb_classes(idx, dev):
+            if c.classid >> 16 == HANDLE_MAJOR:
+                out[(dev, c.classid)] = c
+    return out

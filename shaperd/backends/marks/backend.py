@@ -1,0 +1,52 @@
+"""The marks backend: the protocol's six steps for the mark programs on pod interfaces."""
+
+from __future__ import annotations
+
+from ...errors import KernelError
+from ...inventory import Capabilities, Inventory
+from ...kernel import tc
+from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
+from . import plan as marks_plan
+from .objects import PRIO_MARK_INGRESS, PROGRAM_PREFIX, TC_H_INGRESS_PARENT, MarksObserved, MarksPlan, ObservedMark
+
+
+class MarksBackend:
+    name = "marks"
+
+    def __init__(self, writer):
+        self.writer = writer
+
+    def probe(self, caps: Capabilities) -> Support:
+        if not caps.bpf:
+            return Support(False, ("cls_bpf unavailable: pods are recognised by address only "
+                                   "(not after masquerade or encapsulation)",))
+        return Support(True)
+
+    def plan(self, ctx: PlanInput) -> MarksPlan:
+        return marks_plan.plan(ctx.config, ctx.inventory, ctx.tenancy)
+
+    def observe(self, reads, inv: Inventory) -> MarksObserved:
+        clsact = frozenset(q.ifindex for q in reads.all_qdiscs() if q.kind == "clsact")
+        found: dict[int, ObservedMark] = {}
+        for idx in sorted(clsact):
+            try:
+                filters = reads.filters(idx, TC_H_INGRESS_PARENT, str(idx))
+            except KernelError:
+                continue  # the interface went away between the two dumps: nothing to do there
+            for f in filters:
+                if f.kind == "bpf" and f.prio == PRIO_MARK_INGRESS and f.name.startswith(PROGRAM_PREFIX):
+                    found[idx] = ObservedMark(idx, f.name, f.handle)
+        return MarksObserved(marks=found, clsact=clsact, names={l.ifindex: l.name for l in inv.links})
+
+    def diff(self, desired: MarksPlan, observed: MarksObserved) -> list[TargetDiff]:
+        return [marks_plan.diff(desired, observed)]
+
+    def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
+        return tc.apply_ops(self.writer, diff.ops, batch=batch)
+
+    def teardown(self, observed: MarksObserved) -> list[TargetDiff]:
+        d = marks_plan.diff(MarksPlan(), observed)
+        return [d] if d.ops else []
+
+    def stats(self, desired: MarksPlan) -> BackendStats:
+        return BackendStats()  # marks enforce nothing by themselves: the uplink classes count the bytes

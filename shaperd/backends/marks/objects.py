@@ -1,0 +1,55 @@
+"""The marks backend's objects: one BPF mark program per host-side interface (clsact ingress).
+
+Pure data. shaperd owns only its own filter there (prio 0x7368, program
+name shpdm_*); the clsact qdisc may be shared with other agents (Cilium,
+Calico) and is never removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# On host-side pod interfaces (clsact ingress): shaperd's mark program.
+PRIO_MARK_INGRESS = 0x7368
+TC_H_CLSACT = 0xFFFFFFF1
+TC_H_INGRESS_PARENT = 0xFFFFFFF2  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS)
+CLSACT_HANDLE = 0xFFFF0000
+PROGRAM_PREFIX = "shpdm_"
+# Pseudo-device name for this backend's target in reports and logs.
+TARGET = "(pod interfaces)"
+
+
+@dataclass(frozen=True)
+class MarkFilter:
+    """Marks the traffic entering the node through one host-side interface (clsact ingress)."""
+
+    ifindex: int
+    ifname: str
+    value: int
+    mask: int
+    name: str
+    tenant: str = field(default="", compare=False)
+    pods: tuple[str, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class ObservedMark:
+    """shaperd's mark program as found on an interface."""
+
+    ifindex: int
+    name: str
+    handle: int
+
+
+@dataclass(frozen=True)
+class MarksPlan:
+    marks: tuple[MarkFilter, ...] = ()
+    problems: tuple = ()
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MarksObserved:
+    marks: dict[int, ObservedMark] = field(default_factory=dict)
+    clsact: frozenset[int] = frozenset()  # interfaces that have a clsact qdisc
+    names: dict[int, str] = field(default_factory=dict)

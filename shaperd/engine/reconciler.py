@@ -1,0 +1,274 @@
+"""One reconcile over every backend: discover -> tenancy -> (plan -> observe -> diff -> apply) per backend.
+
+Generic: it knows the backend protocol (backends/base.py), not what any
+backend writes. Each backend, and each target within it, is handled on its
+own: a foreign qdisc, a missing capacity, a netlink error or a bug in one is
+reported and never stops enforcement by the others. When a backend's batch
+of writes fails part-way, the engine reads that backend's state again,
+diffs again and replays the remaining writes one at a time, so each failure
+names its object while the others still land.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import log
+from ..backends.base import ApplyResult, Backend, BackendStats, ClassTarget, Operation, PlanInput, Support, TargetDiff
+from ..config import Config
+from ..discovery import cgroups as cgroups_mod
+from ..discovery import pods as pods_mod
+from ..discovery.node import discover
+from ..errors import ConfigProblem, KernelError, ShaperdError
+from ..inventory import Capabilities, Inventory
+from ..kernel.rtnl import CachedReads
+from ..roots import DEFAULT, Roots
+from ..tenancy import Tenancy, tenancy
+
+
+@dataclass
+class TargetOutcome:
+    """What happened on one target (a device, or a backend's pseudo-device)."""
+
+    backend: str
+    device: str
+    ops: list[Operation] = field(default_factory=list)  # planned (diff) or applied (apply)
+    failed: list[tuple[Operation, KernelError]] = field(default_factory=list)
+    blocked: str | None = None
+    error: str | None = None  # the target (or the whole backend) could not be read or planned
+
+
+@dataclass
+class BackendOutcome:
+    name: str
+    desired: Any = None
+    stats: BackendStats = field(default_factory=BackendStats)
+    targets: list[TargetOutcome] = field(default_factory=list)
+    error: str | None = None  # the backend failed as a whole; the others went on
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """The desired state of every enabled backend, from one tenancy."""
+
+    tenancy: Tenancy = field(default_factory=Tenancy)
+    desired: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def problems(self) -> tuple[ConfigProblem, ...]:
+        return tuple(p for d in self.desired.values() for p in d.problems)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self.tenancy.warnings + tuple(w for d in self.desired.values() for w in d.warnings)
+
+    @property
+    def pod_tenants(self) -> dict[str, str]:
+        return self.tenancy.pod_tenants
+
+
+@dataclass
+class Report:
+    plan: PlanResult
+    backends: list[BackendOutcome] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    @property
+    def devices(self) -> list[TargetOutcome]:
+        """Every target outcome; a backend that failed as a whole appears as one target with its error."""
+        out = []
+        for b in self.backends:
+            if b.error:
+                out.append(TargetOutcome(b.name, "node", error=b.error))
+            out.extend(b.targets)
+        return out
+
+    @property
+    def changes(self) -> int:
+        return sum(len(d.ops) for d in self.devices)
+
+    @property
+    def problems(self) -> tuple[ConfigProblem, ...]:
+        return self.plan.problems
+
+    @property
+    def planned_devices(self) -> tuple[str, ...]:
+        return tuple(sorted({d for b in self.backends for d in b.stats.devices}))
+
+    @property
+    def targets(self) -> dict[tuple[str, int], ClassTarget]:
+        """(device, classid) -> what it enforces, over every backend (the metrics sampler's targets)."""
+        return {k: v for b in self.backends for k, v in b.stats.targets.items()}
+
+    @property
+    def endpoints(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for b in self.backends:
+            for tenant, kinds in b.stats.endpoints.items():
+                mine = out.setdefault(tenant, {})
+                for kind, n in kinds.items():
+                    mine[kind] = mine.get(kind, 0) + n
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not any(d.failed or d.error or d.blocked for d in self.devices)
+
+
+class Reconciler:
+    def __init__(self, reader, backends: list[Backend], capabilities: Capabilities, *, roots: Roots = DEFAULT,
+                 pods_source=None, cgroup_root=None):
+        # Reads go through one rtnetlink reader (kernel/rtnl.py) in the same namespace as the
+        # backends' writers: both are opened by open_node() through kernel/netns.py.
+        self.reader = reader
+        self.backends = list(backends)
+        self.capabilities = capabilities
+        self.roots = roots
+        # Callable returning the pods on this node (PodInfo-like objects), or None without Kubernetes.
+        self.pods_source = pods_source
+        self.cgroup_root = cgroup_root if cgroup_root is not None else cgroups_mod.cgroup2_root(roots)
+        self.log = log.get("shaperd.reconcile")
+        # Probed once: a backend this kernel cannot run is left out, with its reason.
+        self.support: dict[str, Support] = {b.name: b.probe(capabilities) for b in self.backends}
+        for b in self.backends:
+            s = self.support[b.name]
+            if not s.enabled:
+                self.log.warning("backend disabled", backend=b.name, reason="; ".join(s.notes))
+
+    @property
+    def enabled(self) -> list[Backend]:
+        return [b for b in self.backends if self.support[b.name].enabled]
+
+    # -- inputs ----------------------------------------------------------------
+    def inventory(self, cfg: Config | None = None) -> Inventory:
+        inv = discover(self.reader, self.capabilities, self.roots)
+        pods = ()
+        if self.pods_source is not None:
+            pods = pods_mod.resolve(self.reader, list(self.pods_source()), inv.links, self.cgroup_root)
+        refs = []
+        if cfg is not None and self.cgroup_root is not None:
+            for t in cfg.tenants:
+                for path in t.match.cgroups:
+                    r = cgroups_mod.ref(self.cgroup_root, path)
+                    if r is None:
+                        self.log.warning("cgroup not found", tenant=t.name, cgroup=path, root=str(self.cgroup_root))
+                    else:
+                        refs.append(r)
+        return Inventory(links=inv.links, default_route_devices=inv.default_route_devices,
+                         capabilities=inv.capabilities, pods=pods, cgroups=tuple(refs))
+
+    def plan(self, cfg: Config, inv: Inventory | None = None) -> PlanResult:
+        """Pure given the inventory: every enabled backend's desired state."""
+        inv = inv or self.inventory(cfg)
+        ctx = PlanInput(cfg, inv, tenancy(cfg, inv))
+        return PlanResult(ctx.tenancy, {b.name: b.plan(ctx) for b in self.enabled})
+
+    # -- the reconcile ---------------------------------------------------------
+    def diff(self, cfg: Config) -> Report:
+        return self._reconcile(cfg, write=False)
+
+    def apply(self, cfg: Config) -> Report:
+        rep = self._reconcile(cfg, write=True)
+        for pr in rep.problems:
+            self.log.error("device not shaped", problem=str(pr))
+        for w in rep.plan.warnings:
+            self.log.warning("plan warning", warning=w)
+        for t in rep.devices:
+            if t.blocked:
+                self.log.warning("device left alone", backend=t.backend, device=t.device, reason=t.blocked)
+            if t.error:
+                self.log.error("device not readable", backend=t.backend, device=t.device, error=t.error)
+        return rep
+
+    def _reconcile(self, cfg: Config, write: bool) -> Report:
+        start = time.perf_counter()
+        inv = self.inventory(cfg)
+        ctx = PlanInput(cfg, inv, tenancy(cfg, inv))
+        reads = CachedReads(self.reader)  # one node-wide qdisc dump serves every backend
+        desired: dict[str, Any] = {}
+        outcomes = []
+        for b in self.enabled:
+            bo = BackendOutcome(b.name)
+            outcomes.append(bo)
+            try:
+                bo.desired = desired[b.name] = b.plan(ctx)
+                bo.stats = b.stats(bo.desired)
+                for td in b.diff(bo.desired, b.observe(reads, inv)):
+                    bo.targets.append(self._settle(b, bo.desired, td, inv, write))
+            except Exception as e:  # noqa: BLE001 - one backend never stops the others
+                bo.error = self._backend_failed(b, e)
+        return Report(PlanResult(ctx.tenancy, desired), outcomes, time.perf_counter() - start)
+
+    def _settle(self, b: Backend, desired, td: TargetDiff, inv: Inventory, write: bool) -> TargetOutcome:
+        out = TargetOutcome(b.name, td.target, blocked=td.blocked, error=td.error)
+        if not write or not td.ops:
+            out.ops = list(td.ops)
+            return out
+        res = b.apply(td, batch=True)
+        if res.batch_failed:
+            # Some writes may have landed: read again, diff again, then one by one.
+            res = self._one_by_one(b, desired, td, inv)
+        out.ops, out.failed = res.applied, res.failed
+        self._log_writes(b, res)
+        return out
+
+    def _one_by_one(self, b: Backend, desired, td: TargetDiff, inv: Inventory) -> ApplyResult:
+        try:
+            fresh = [d for d in b.diff(desired, b.observe(CachedReads(self.reader), inv)) if d.target == td.target]
+        except KernelError as e:
+            return ApplyResult(failed=[(op, e) for op in td.ops])
+        if not fresh or not fresh[0].ops:
+            return ApplyResult()
+        return b.apply(fresh[0], batch=False)
+
+    def teardown(self) -> Report:
+        """Remove what every backend owns, nothing else."""
+        start = time.perf_counter()
+        inv = self.inventory()
+        reads = CachedReads(self.reader)
+        outcomes = []
+        for b in self.backends:
+            bo = BackendOutcome(b.name)
+            outcomes.append(bo)
+            try:
+                for td in b.teardown(b.observe(reads, inv)):
+                    res = b.apply(td, batch=False)
+                    bo.targets.append(TargetOutcome(b.name, td.target, ops=res.applied, failed=res.failed))
+                    self._log_writes(b, res)
+            except Exception as e:  # noqa: BLE001
+                bo.error = self._backend_failed(b, e)
+        return Report(PlanResult(), outcomes, time.perf_counter() - start)
+
+    def _backend_failed(self, b: Backend, e: Exception) -> str:
+        if isinstance(e, ShaperdError):
+            self.log.error("backend failed; the others went on", backend=b.name, error=str(e))
+            return str(e)
+        self.log.exception("backend failed with an internal error; the others went on", backend=b.name)
+        return f"{b.name} backend: internal error: {e!r}"
+
+    def _log_writes(self, b: Backend, res: ApplyResult) -> None:
+        for op in res.applied:
+            self.log.info("kernel change", backend=b.name, device=op.device, tenant=op.tenant, change=op.describe())
+        for op, err in res.failed:
+            self.log.error("kernel write failed", backend=b.name, device=op.device, tenant=op.tenant, error=str(err))
+
+
+def default_backends(writer, take_over: bool = False) -> list[Backend]:
+    """The enforcement paths shaperd runs today, in the order they are reconciled."""
+    from ..backends.htb.backend import HtbBackend
+    from ..backends.marks.backend import MarksBackend
+
+    return [HtbBackend(writer, take_over=take_over), MarksBackend(writer)]
+
+
+def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DEFAULT, take_over: bool = False,
+              pods_source=None) -> Reconciler:
+    """A reconciler whose reader and writers all live in one namespace (kernel/netns.py)."""
+    from ..kernel import tc
+    from ..kernel.rtnl import RtnlReader
+
+    reader = RtnlReader(netns, run_root=str(roots.run))
+    writer = tc.open_writer(netns, str(roots.run))
+    return Reconciler(reader, default_backends(writer, take_over), caps, roots=roots, pods_source=pods_source)

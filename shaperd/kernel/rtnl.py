@@ -1,0 +1,187 @@
+"""The rtnetlink reader: every read shaperd makes of links, routes, neighbours and tc state.
+
+One raw NETLINK_ROUTE socket, created inside the target namespace
+(kernel/netns.py), sending dump and get requests and decoding the replies
+into typed rows (kernel/rtnl_rows.py). Read-only: it sends no write.
+
+Every exchange has a deadline (``timeout_s``); a dump the kernel marks as
+interrupted (NLM_F_DUMP_INTR: the table changed while it was being dumped)
+is read again; an error reply is a KernelError naming what was read and
+where, never an empty answer. The socket is injectable, so the decoders run
+on recorded replies in tests (tests/unit/fixtures/netlink/).
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+import socket
+
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from ..errors import KernelError
+from . import netns as netns_mod
+from . import nlmsg
+from . import rtnl_rows as rows
+from .nlmsg import Message
+
+NETLINK_ROUTE = 0
+RTM_GETLINK, RTM_GETROUTE, RTM_GETNEIGH = 18, 26, 30
+RTM_GETQDISC, RTM_GETTCLASS, RTM_GETTFILTER = 38, 42, 46
+DEFAULT_TIMEOUT_S = 5.0
+# A dump interrupted this many times in a row means the table changes faster than it can be read.
+DUMP_ATTEMPTS = 4
+RCVBUF_BYTES = 1 << 20
+# Answers to a route lookup that mean "no route", not "could not ask".
+NO_ROUTE_ERRNOS = frozenset({errno_mod.ENETUNREACH, errno_mod.EHOSTUNREACH, errno_mod.ENETDOWN,
+                             errno_mod.ESRCH})
+
+T = TypeVar("T")
+
+
+def open_socket(netns: str | None = None, run_root: str = "/run", groups: int = 0,
+                nonblocking: bool = False) -> socket.socket:
+    """A NETLINK_ROUTE socket in ``netns`` (bound to multicast ``groups``)."""
+    flags = socket.SOCK_RAW | socket.SOCK_CLOEXEC | (socket.SOCK_NONBLOCK if nonblocking else 0)
+    with netns_mod.entered(netns, run_root):
+        try:
+            sock = socket.socket(socket.AF_NETLINK, flags, NETLINK_ROUTE)
+        except OSError as e:
+            raise KernelError("open", "rtnetlink socket", netns or "this namespace", e.strerror or str(e), e.errno) from e
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+        sock.bind((0, groups))
+    except OSError as e:
+        sock.close()
+        raise KernelError("bind", "rtnetlink socket", netns or "this namespace", e.strerror or str(e), e.errno) from e
+    return sock
+
+
+class RtnlReader:
+    """Typed reads over one raw rtnetlink socket (``sock`` injectable for recorded replies)."""
+
+    def __init__(self, netns: str | None = None, *, sock=None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 run_root: str = "/run"):
+        self.netns = netns
+        self.sock = sock if sock is not None else open_socket(netns, run_root)
+        self.timeout_s = timeout_s
+        self.sock.settimeout(timeout_s)
+        self.seq = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "RtnlReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the exchange ----------------------------------------------------------
+    def _replies(self, mtype: int, flags: int, body: bytes, what: str, device: str) -> Iterator[tuple[bytes, Message]]:
+        """Send one request; yield each reply message to it, until DONE or an error/ack ends it."""
+        self.seq += 1
+        seq = self.seq
+        try:
+            self.sock.send(nlmsg.header(nlmsg.HDR.size + len(body), mtype, nlmsg.NLM_F_REQUEST | flags, seq) + body)
+            while True:
+                buf = self.sock.recv(1 << 16)
+                if not buf:
+                    raise KernelError("read", what, device, "netlink socket closed", errno_mod.EPIPE)
+                for m in nlmsg.messages(buf):
+                    if m.seq != seq:
+                        continue  # a late answer to an earlier request that timed out
+                    yield buf, m
+                    if m.type in (nlmsg.NLMSG_DONE, nlmsg.NLMSG_ERROR) or not m.flags & nlmsg.NLM_F_MULTI:
+                        return
+        except socket.timeout as e:
+            raise KernelError("read", what, device, f"no answer from the kernel within {self.timeout_s:g} s",
+                              errno_mod.ETIMEDOUT) from e
+        except OSError as e:
+            raise KernelError("read", what, device, e.strerror or str(e), e.errno) from e
+
+    def _dump(self, mtype: int, body: bytes, decode: Callable[[bytes, Message], T | None], what: str,
+              device: str) -> list[T]:
+        """Every row of a dump; an interrupted dump is read again, an error reply raises."""
+        for _attempt in range(DUMP_ATTEMPTS):
+            out: list[T] = []
+            interrupted = False
+            for buf, m in self._replies(mtype, nlmsg.NLM_F_DUMP, body, what, device):
+                interrupted |= bool(m.flags & nlmsg.NLM_F_DUMP_INTR)
+                if m.type == nlmsg.NLMSG_ERROR:
+                    code = nlmsg.error_code(buf, m)
+                    if code:
+                        raise KernelError("dump", what, device, os.strerror(code), code)
+                elif m.type != nlmsg.NLMSG_DONE:
+                    row = decode(buf, m)
+                    if row is not None:
+                        out.append(row)
+            if not interrupted:
+                return out
+        raise KernelError("dump", what, device, f"interrupted {DUMP_ATTEMPTS} times in a row (the table kept changing)",
+                          errno_mod.EINTR)
+
+    def _get(self, mtype: int, body: bytes, decode: Callable[[bytes, Message], T], what: str, device: str,
+             absent: frozenset[int] = frozenset()) -> T | None:
+        """One get request: its row, None when the kernel answers with an errno in ``absent``, else raise."""
+        for buf, m in self._replies(mtype, 0, body, what, device):
+            if m.type == nlmsg.NLMSG_ERROR:
+                code = nlmsg.error_code(buf, m)
+                if code in absent:
+                    return None
+                raise KernelError("get", what, device, os.strerror(code) if code else "acked without an answer", code)
+            return decode(buf, m)
+        return None
+
+    # -- reads -----------------------------------------------------------------
+    def links(self) -> list[rows.LinkRow]:
+        return self._dump(RTM_GETLINK, rows.IFINFOMSG.pack(0, 0, 0, 0, 0, 0), rows.link, "links", "node")
+
+    def routes(self, family: int) -> list[rows.RouteRow]:
+        req = rows.RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
+        return [r for r in self._dump(RTM_GETROUTE, req, rows.route, "routes", "node") if r.family == family]
+
+    def route_to(self, ip: str) -> rows.RouteRow | None:
+        """The route the kernel would use to reach ``ip``; None when it has none."""
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        addr = socket.inet_pton(family, ip)
+        body = rows.RTMSG.pack(family, len(addr) * 8, 0, 0, 0, 0, 0, 0, 0) + nlmsg.rta(rows.RTA_DST, addr)
+        return self._get(RTM_GETROUTE, body, rows.route, f"route to {ip}", "node", NO_ROUTE_ERRNOS)
+
+    def neighbours(self, family: int, ifindex: int = 0, device: str = "node") -> list[rows.NeighRow]:
+        """Neighbour entries (AF_BRIDGE: the bridge forwarding database)."""
+        what = "bridge fdb" if family == socket.AF_BRIDGE else "neighbours"
+        req = rows.NDMSG.pack(family, 0, 0, ifindex, 0, 0, 0)
+        return self._dump(RTM_GETNEIGH, req, rows.neigh, what, device)
+
+    def qdiscs(self, ifindex: int = 0, device: str = "node") -> list[rows.QdiscRow]:
+        req = rows.TCMSG.pack(0, 0, 0, ifindex, 0, 0, 0)
+        out = self._dump(RTM_GETQDISC, req, rows.qdisc, "qdiscs", device)
+        return [q for q in out if q.ifindex == ifindex] if ifindex else out
+
+    def htb_classes(self, ifindex: int, device: str) -> list[rows.HtbClassRow]:
+        req = rows.TCMSG.pack(0, 0, 0, ifindex, 0, 0, 0)
+        return [c for c in self._dump(RTM_GETTCLASS, req, rows.htb_class, "classes", device) if c.ifindex == ifindex]
+
+    def filters(self, ifindex: int, parent: int, device: str) -> list[rows.FilterRow]:
+        req = rows.TCMSG.pack(0, 0, 0, ifindex, 0, parent, 0)
+        return [f for f in self._dump(RTM_GETTFILTER, req, rows.tc_filter, "filters", device) if f.ifindex == ifindex]
+
+
+class CachedReads:
+    """One reconcile's view of the reader: the node-wide qdisc dump is read once and shared by backends."""
+
+    def __init__(self, reader: RtnlReader):
+        self.reader = reader
+        self._qdiscs: list[rows.QdiscRow] | None = None
+
+    def all_qdiscs(self) -> list[rows.QdiscRow]:
+        if self._qdiscs is None:
+            self._qdiscs = self.reader.qdiscs()
+        return self._qdiscs
+
+    def __getattr__(self, name: str):
+        return getattr(self.reader, name)
+
+

@@ -1,0 +1,249 @@
+"""rtnetlink replies decoded into typed rows, pure (bytes in, dataclasses out).
+
+One decoder per message kind: links, routes, neighbours, qdiscs, classes,
+filters. Only the fields shaperd uses are unpacked, with ``struct`` (pyroute2
+decodes every attribute into objects, ~25x slower for class dumps). No
+policy: a row says what the kernel holds, not whether it is shaperd's.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from dataclasses import dataclass
+
+from .nlmsg import Message, U32, attrs, string, u32, u64
+
+IFINFOMSG = struct.Struct("=BBHiII")  # family, pad, type, index, flags, change
+TCMSG = struct.Struct("=BBHiIII")  # family, pad1, pad2, ifindex, handle, parent, info
+RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
+NDMSG = struct.Struct("=BBHiHBB")  # family, pad1, pad2, ifindex, state, flags, type
+
+IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_INFO_KIND = 3, 4, 18, 1
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_MULTIPATH, RTA_TABLE, RTA_VIA = 1, 4, 5, 6, 9, 15, 18
+NDA_DST, NDA_LLADDR, NDA_MASTER = 1, 2, 9
+TCA_KIND, TCA_OPTIONS, TCA_STATS2 = 1, 2, 7
+TCA_STATS_BASIC, TCA_STATS_QUEUE, TCA_STATS_APP = 1, 3, 4
+TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
+TCA_FQ_CODEL_LIMIT = 2
+TCA_U32_CLASSID, TCA_U32_DIVISOR, TCA_U32_SEL, TCA_U32_MARK = 1, 4, 5, 10
+TCA_BPF_CLASSID, TCA_BPF_NAME = 3, 7
+TC_H_ROOT = 0xFFFFFFFF
+
+_BASIC = struct.Struct("=QI")  # bytes, packets
+_QUEUE = struct.Struct("=IIIII")  # qlen, backlog, drops, requeues, overlimits
+_HTB_XSTATS = struct.Struct("=IIIii")  # lends, borrows, giants, tokens, ctokens
+_U32_SEL_HEAD = 16  # struct tc_u32_sel before its keys
+_U32_KEY = struct.Struct("!II")  # mask, val in network order; then off, offmask in host order
+_I32 = struct.Struct("=i")
+_RTNEXTHOP = struct.Struct("=HBBi")
+
+
+@dataclass(frozen=True)
+class LinkRow:
+    ifindex: int
+    name: str
+    kind: str  # IFLA_INFO_KIND: "veth", "bridge", "" for a physical NIC
+    mtu: int
+    up: bool  # administratively up (IFF_UP)
+
+
+@dataclass(frozen=True)
+class RouteRow:
+    family: int
+    dst_len: int
+    table: int
+    type: int
+    metric: int
+    oif: int | None
+    via_gateway: bool  # RTA_GATEWAY or RTA_VIA: the destination is not on a local link
+    multipath_oifs: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class NeighRow:
+    family: int
+    ifindex: int
+    dst: bytes | None
+    lladdr: bytes | None
+    master: int | None
+
+
+@dataclass(frozen=True)
+class QdiscRow:
+    ifindex: int
+    handle: int
+    parent: int
+    kind: str
+    limit: int = 0  # bfifo/pfifo (bytes/packets) and fq_codel (packets)
+    default_minor: int = 0  # htb: the default class
+
+
+@dataclass(frozen=True)
+class HtbClassRow:
+    """An HTB class with its parameters (kernel units) and counters."""
+
+    ifindex: int
+    classid: int
+    parent: int
+    leaf_handle: int
+    rate_Bps: int
+    ceil_Bps: int
+    buffer_ticks: int
+    cbuffer_ticks: int
+    quantum_bytes: int
+    prio: int
+    bytes: int = 0
+    packets: int = 0
+    drops: int = 0
+    overlimits: int = 0
+    backlog_bytes: int = 0
+    qlen: int = 0
+    borrows: int = 0
+    lends: int = 0
+    tokens: int = 0
+    ctokens: int = 0
+
+
+@dataclass(frozen=True)
+class U32KeyRow:
+    value: int
+    mask: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class FilterRow:
+    ifindex: int
+    parent: int
+    prio: int
+    protocol: int  # host order (ETH_P_*)
+    handle: int
+    kind: str
+    classid: int = 0
+    keys: tuple[U32KeyRow, ...] = ()  # u32, by offset
+    name: str = ""  # bpf program name
+    mark: tuple[int, int] | None = None  # u32 mark match (value, mask)
+
+
+def link(buf: bytes, m: Message) -> LinkRow:
+    _fam, _pad, _type, index, flags, _change = IFINFOMSG.unpack_from(buf, m.start)
+    a = attrs(buf, m.start + IFINFOMSG.size, m.end)
+    kind = string(buf, attrs(buf, *a[IFLA_LINKINFO]).get(IFLA_INFO_KIND)) if IFLA_LINKINFO in a else ""
+    return LinkRow(ifindex=index, name=string(buf, a.get(IFLA_IFNAME)), kind=kind,
+                   mtu=u32(buf, a.get(IFLA_MTU), 1500), up=bool(flags & 1))
+
+
+def route(buf: bytes, m: Message) -> RouteRow:
+    fam, dst_len, _sl, _tos, table, _proto, _scope, rtype, _flags = RTMSG.unpack_from(buf, m.start)
+    a = attrs(buf, m.start + RTMSG.size, m.end)
+    hops = []
+    if RTA_MULTIPATH in a:  # struct rtnexthop { u16 len; u8 flags; u8 hops; s32 ifindex; } + attrs
+        pos, stop = a[RTA_MULTIPATH]
+        while pos + _RTNEXTHOP.size <= stop:
+            nh_len, _f, _h, nh_if = _RTNEXTHOP.unpack_from(buf, pos)
+            hops.append(nh_if)
+            if nh_len < _RTNEXTHOP.size:
+                break
+            pos += (nh_len + 3) & ~3
+    return RouteRow(
+        family=fam, dst_len=dst_len, table=u32(buf, a.get(RTA_TABLE), table), type=rtype,
+        metric=u32(buf, a.get(RTA_PRIORITY)), oif=u32(buf, a[RTA_OIF]) if RTA_OIF in a else None,
+        via_gateway=RTA_GATEWAY in a or RTA_VIA in a, multipath_oifs=tuple(hops),
+    )
+
+
+def neigh(buf: bytes, m: Message) -> NeighRow:
+    fam, _p1, _p2, index, _state, _flags, _t = NDMSG.unpack_from(buf, m.start)
+    a = attrs(buf, m.start + NDMSG.size, m.end)
+    return NeighRow(
+        family=fam, ifindex=index,
+        dst=bytes(buf[slice(*a[NDA_DST])]) if NDA_DST in a else None,
+        lladdr=bytes(buf[slice(*a[NDA_LLADDR])]) if NDA_LLADDR in a else None,
+        master=u32(buf, a[NDA_MASTER]) if NDA_MASTER in a else None,
+    )
+
+
+def qdisc(buf: bytes, m: Message) -> QdiscRow:
+    _f, _p1, _p2, index, handle, parent, _info = TCMSG.unpack_from(buf, m.start)
+    a = attrs(buf, m.start + TCMSG.size, m.end)
+    kind = string(buf, a.get(TCA_KIND))
+    limit = default_minor = 0
+    if TCA_OPTIONS in a:
+        s, e = a[TCA_OPTIONS]
+        if kind in ("bfifo", "pfifo") and e - s >= 4:
+            limit = U32.unpack_from(buf, s)[0]  # struct tc_fifo_qopt, not nested
+        elif kind == "fq_codel":
+            limit = u32(buf, attrs(buf, s, e).get(TCA_FQ_CODEL_LIMIT))
+        elif kind == "htb":
+            o = attrs(buf, s, e)
+            if TCA_HTB_INIT in o:
+                default_minor = U32.unpack_from(buf, o[TCA_HTB_INIT][0] + 8)[0]  # tc_htb_glob.defcls
+    return QdiscRow(ifindex=index, handle=handle, parent=parent, kind=kind, limit=limit, default_minor=default_minor)
+
+
+def htb_class(buf: bytes, m: Message) -> HtbClassRow | None:
+    """An HTB class, or None for a class of another kind (or without parameters)."""
+    _f, _p1, _p2, index, handle, parent, info = TCMSG.unpack_from(buf, m.start)
+    a = attrs(buf, m.start + TCMSG.size, m.end)
+    if string(buf, a.get(TCA_KIND)) != "htb" or TCA_OPTIONS not in a:
+        return None
+    o = attrs(buf, *a[TCA_OPTIONS])
+    if TCA_HTB_PARMS not in o:
+        return None
+    p = o[TCA_HTB_PARMS][0]  # struct tc_htb_opt: rate (tc_ratespec, 12 bytes), ceil, buffer, cbuffer, quantum, level, prio
+    rate, ceil = U32.unpack_from(buf, p + 8)[0], U32.unpack_from(buf, p + 20)[0]
+    buffer, cbuffer, quantum, _level, prio = struct.unpack_from("=IIIII", buf, p + 24)
+    if TCA_HTB_RATE64 in o:
+        rate = u64(buf, o[TCA_HTB_RATE64])
+    if TCA_HTB_CEIL64 in o:
+        ceil = u64(buf, o[TCA_HTB_CEIL64])
+    counters = {}
+    if TCA_STATS2 in a:
+        s = attrs(buf, *a[TCA_STATS2])
+        if TCA_STATS_BASIC in s:
+            counters["bytes"], counters["packets"] = _BASIC.unpack_from(buf, s[TCA_STATS_BASIC][0])
+        if TCA_STATS_QUEUE in s:
+            (counters["qlen"], counters["backlog_bytes"], counters["drops"], _req,
+             counters["overlimits"]) = _QUEUE.unpack_from(buf, s[TCA_STATS_QUEUE][0])
+        if TCA_STATS_APP in s and s[TCA_STATS_APP][1] - s[TCA_STATS_APP][0] >= _HTB_XSTATS.size:
+            (counters["lends"], counters["borrows"], _giants, counters["tokens"],
+             counters["ctokens"]) = _HTB_XSTATS.unpack_from(buf, s[TCA_STATS_APP][0])
+    return HtbClassRow(
+        ifindex=index, classid=handle, parent=parent, leaf_handle=info, rate_Bps=rate, ceil_Bps=ceil,
+        buffer_ticks=buffer, cbuffer_ticks=cbuffer, quantum_bytes=quantum, prio=prio, **counters,
+    )
+
+
+def tc_filter(buf: bytes, m: Message) -> FilterRow | None:
+    """A filter, or None for structure (u32 hash tables and divisors, chain heads without a handle)."""
+    _f, _p1, _p2, index, handle, parent, info = TCMSG.unpack_from(buf, m.start)
+    if handle == 0:
+        return None
+    a = attrs(buf, m.start + TCMSG.size, m.end)
+    kind = string(buf, a.get(TCA_KIND))
+    base = dict(ifindex=index, parent=parent, prio=info >> 16, protocol=socket.ntohs(info & 0xFFFF),
+                handle=handle, kind=kind)
+    o = attrs(buf, *a[TCA_OPTIONS]) if TCA_OPTIONS in a else {}
+    if kind == "u32":
+        if handle & 0xFFF == 0 or TCA_U32_DIVISOR in o:
+            return None
+        keys: list[U32KeyRow] = []
+        if TCA_U32_SEL in o:
+            s0, e0 = o[TCA_U32_SEL]
+            nkeys = buf[s0 + 2] if e0 - s0 >= _U32_SEL_HEAD else 0
+            for i in range(nkeys):
+                k = s0 + _U32_SEL_HEAD + 16 * i
+                if k + 16 > e0:
+                    break
+                mask, val = _U32_KEY.unpack_from(buf, k)
+                keys.append(U32KeyRow(val, mask, _I32.unpack_from(buf, k + 8)[0]))
+        mark = None
+        if TCA_U32_MARK in o:
+            mv, mm = struct.unpack_from("=II", buf, o[TCA_U32_MARK][0])
+            mark = (mv, mm) if (mv or mm) else None
+        return FilterRow(**base, classid=u32(buf, o.get(TCA_U32_CLASSID)),
+                         keys=tuple(sorted(keys, key=lambda k: k.offset)), mark=mark)
+    if kind == "bpf":
+        return FilterRow(**base, classid=u32(buf, o.get(TCA_BPF_CLASSID)), name=string(buf, o.get(TCA_BPF_NAME)))
+    return FilterRow(**base)
