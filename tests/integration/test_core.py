@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import queue
 import signal
-import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from pyroute2 import IPRoute
 
 from shaperd.backends.htb.objects import ROOT_HANDLE
 from shaperd.backends.ids import assign_minors
+from shaperd.kernel.events import KernelEvents
 
 from .conftest import ROOT, needs_root, run, wait_for
 
@@ -81,23 +83,23 @@ def test_source_design_file_unchanged_gives_exact_40_60_and_20_40(bed, tmp_path)
 def test_second_apply_sends_no_write_seen_by_netlink_monitor(bed, tmp_path):
     cfg = write(tmp_path, NODE + MATCH)
 
-    def monitored_apply() -> tuple[subprocess.CompletedProcess, str]:
-        mon = subprocess.Popen(["ip", "netns", "exec", bed.node, "tc", "monitor"], stdout=subprocess.PIPE, text=True)
+    def monitored_apply():
+        # Subscribed before acting: the socket is bound to the tc multicast group (what `tc monitor`
+        # listens to) before the apply starts, and the kernel queues every notification on it
+        # while it processes each write, so once the apply has exited nothing can still be in flight.
+        mon = KernelEvents(bed.node)
         try:
-            time.sleep(0.5)  # let the monitor subscribe
             r = bed.shaperd("apply", "--config", str(cfg))
-            time.sleep(0.5)
+            return r, mon.drain()
         finally:
-            mon.terminate()
-        out, _ = mon.communicate(timeout=5)
-        return r, out
+            mon.close()
 
     first, events1 = monitored_apply()
     assert first.returncode == 0, first.stderr
-    assert "htb" in events1 and "filter" in events1  # the monitor does see our writes
+    assert events1.tcs > 10 and not events1.overflow  # the monitor does see our writes
     second, events2 = monitored_apply()
     assert second.returncode == 0, second.stderr
-    assert events2.strip() == "", f"in-sync apply wrote to the kernel:\n{events2}"
+    assert events2.tcs == 0 and not events2.overflow, f"in-sync apply wrote to the kernel: {events2}"
     assert "0 changed" in second.stdout
 
 
@@ -124,7 +126,7 @@ def test_tenant_traffic_lands_in_its_class_v4_and_v6(bed, tmp_path):
 def test_restart_adopts_classes_and_counters_keep_growing(bed, tmp_path):
     cfg = write(tmp_path, NODE + MATCH)
     d1 = bed.start_daemon(cfg, "--resync-interval", "60")
-    assert wait_for(lambda: A in classes(bed), 10)
+    assert wait_for(lambda: A in classes(bed), 30)
     bed.send("198.18.1.1", "198.18.0.2", 1000, 100)
     b1 = classes(bed)[A]["bytes"]
     assert b1 >= 100 * 1042
@@ -132,8 +134,8 @@ def test_restart_adopts_classes_and_counters_keep_growing(bed, tmp_path):
     d1.wait(timeout=10)
     d2 = bed.start_daemon(cfg, "--resync-interval", "60")
     # The new daemon reconciles at start; wait for its log line, then check nothing was recreated.
-    line = wait_for(lambda: _read_until(d2, "reconciled"), 15, interval=0)
-    assert line and json.loads(line)["changes"] == 0, line
+    rec = Lines(d2).wait("reconciled")
+    assert rec is not None and rec["changes"] == 0, rec
     bed.send("198.18.1.1", "198.18.0.2", 1000, 100)
     b2 = classes(bed)[A]["bytes"]
     assert b2 == b1 + 100 * 1042
@@ -142,30 +144,52 @@ def test_restart_adopts_classes_and_counters_keep_growing(bed, tmp_path):
     assert A in classes(bed)  # SIGTERM leaves enforcement in place
 
 
-def _read_until(proc, event: str) -> str | None:
-    line = proc.stdout.readline()
-    if not line:
-        return None
-    try:
-        return line if json.loads(line).get("event") == event else None
-    except json.JSONDecodeError:
+class Lines:
+    """A daemon's JSON log lines, pumped by a thread, so waiting for one has a real deadline."""
+
+    def __init__(self, proc):
+        self.q: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True).start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            self.q.put(line)
+        self.q.put(None)
+
+    def wait(self, event: str, timeout_s: float = 30.0) -> dict | None:
+        """The next log record with this event, or None when the deadline passes or the output ends."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.q.get(timeout=left)
+            except queue.Empty:
+                return None
+            if line is None:
+                return None
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("event") == event:
+                return rec
         return None
 
 
 def test_daemon_repairs_drift_within_one_resync_period(bed, tmp_path):
     cfg = write(tmp_path, NODE + MATCH)
     bed.start_daemon(cfg, "--resync-interval", "1")
-    assert wait_for(lambda: A in classes(bed), 10)
+    assert wait_for(lambda: A in classes(bed), 30)
     # A class changed behind our back.
     bed.exec("tc", "class", "change", "dev", "up0", "parent", "7368:1", "classid", f"7368:{MINORS['tenant-a']:x}",
              "htb", "rate", "1mbit", "ceil", "2mbit")
-    assert wait_for(lambda: classes(bed)[A]["rate"] == 5 * 10**9, 3), "class not repaired"
+    # Deadlines bound a failure only; the repair itself comes from events or the 1 s resync.
+    assert wait_for(lambda: classes(bed)[A]["rate"] == 5 * 10**9, 30), "class not repaired"
     # A filter removed.
     bed.exec("tc", "filter", "del", "dev", "up0", "parent", "7368:", "prio", "1008", "protocol", "ip")
-    assert wait_for(lambda: "198.18.1.0" in _filters(bed) or "c6120100" in _filters(bed), 3), "filter not repaired"
+    assert wait_for(lambda: "198.18.1.0" in _filters(bed) or "c6120100" in _filters(bed), 30), "filter not repaired"
     # The whole root qdisc deleted.
     bed.exec("tc", "qdisc", "del", "dev", "up0", "root")
-    assert wait_for(lambda: A in classes(bed) and B in classes(bed), 3), "tree not rebuilt"
+    assert wait_for(lambda: A in classes(bed) and B in classes(bed), 30), "tree not rebuilt"
 
 
 def _filters(bed) -> str:
@@ -189,16 +213,17 @@ def test_config_change_through_configmap_symlink_swap_and_bad_file_keeps_last_go
         tmp.replace(tmp_path / "..data")  # atomic rename, as kubelet does
 
     daemon = bed.start_daemon(tmp_path / "t.yaml", "--resync-interval", "60")
-    assert wait_for(lambda: B in classes(bed) and classes(bed)[B]["ceil"] == 5 * 10**9, 10)
+    lines = Lines(daemon)
+    assert wait_for(lambda: B in classes(bed) and classes(bed)[B]["ceil"] == 5 * 10**9, 30)
     swap("..v2")
-    assert wait_for(lambda: classes(bed)[B]["ceil"] == 30 * 10**9 // 8, 5), "file change not applied"
+    assert wait_for(lambda: classes(bed)[B]["ceil"] == 30 * 10**9 // 8, 30), "file change not applied"
     swap("..bad")
-    time.sleep(2.5)
+    # Wait until the daemon has read the bad file (its log line), then check the kernel kept the last good one.
+    rejected = lines.wait("config rejected")
+    assert rejected is not None and any("40gbps" in p for p in rejected["problems"])
     assert classes(bed)[B]["ceil"] == 30 * 10**9 // 8  # last good config still enforced
     daemon.send_signal(signal.SIGTERM)
-    out, _ = daemon.communicate(timeout=10)
-    rejected = [json.loads(l) for l in out.splitlines() if '"config rejected"' in l]
-    assert rejected and any("40gbps" in p for p in rejected[0]["problems"])
+    assert daemon.wait(timeout=10) == 0
 
 
 BAD = [
