@@ -115,7 +115,7 @@ def class_counters(ipr, ifindex):
     return out
 
 
-def wait_counters(ipr, ifindex, expected, timeout=5.0):
+def wait_counters(ipr, ifindex, expected, timeout=30.0):
     # HTB updates class byte/packet stats at dequeue, which may lag enqueue.
     deadline = time.monotonic() + timeout
     while True:
