@@ -66,7 +66,7 @@ class Node:
     # None = the link speed the kernel reports (required where none is, e.g. veth).
     capacity_bps: int | None = None
     # Guaranteed to traffic of no tenant (kubelet, DNS, ssh). None = the default,
-    # 1 % of capacity (see planner.DEFAULT_RESERVE_FRACTION).
+    # 1 % of capacity (default_reserve_bps below).
     reserve_bps: int | None = None
     # Replace a root qdisc shaperd does not own (anything but a kernel default).
     take_over: bool = False

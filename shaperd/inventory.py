@@ -1,4 +1,4 @@
-"""What is on the node, as plain data: the planner's second input.
+"""What is on the node, as plain data: the planners' second input.
 
 Discovery fills these in (links from netlink, speeds from sysfs, probed
 kernel capabilities); tests build them by hand. Pure: no I/O.

@@ -36,7 +36,7 @@ def assign_minors(names: list[str] | tuple[str, ...]) -> dict[str, int]:
 def assign_marks(names: list[str] | tuple[str, ...], mask: int) -> dict[str, int]:
     """skb->mark value per tenant inside ``mask``, derived from the name like class minors.
 
-    Tenants beyond the mask's capacity get no mark (the planner warns).
+    Tenants beyond the mask's capacity get no mark (tenancy warns).
     """
     shift = (mask & -mask).bit_length() - 1
     span = mask >> shift  # values 1..span (0 means "no tenant")
