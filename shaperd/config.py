@@ -46,6 +46,30 @@ class Match:
 
 
 @dataclass(frozen=True)
+class RdmaDeviceRef:
+    """One entry of ``rdma.devices``: an HCA with an optional port ("mlx5_0:1"), or a PCI function."""
+
+    name: str | None = None  # RDMA device name (mlx5_0), when given by name
+    port: int | None = None  # None: every port of the device
+    pci: str | None = None  # "0000:3b:00.2", when given by PCI address
+
+    def __str__(self) -> str:
+        if self.pci:
+            return self.pci
+        return f"{self.name}:{self.port}" if self.port is not None else str(self.name)
+
+
+@dataclass(frozen=True)
+class Rdma:
+    """A tenant's RDMA settings (``tenants[].rdma``). None fields: derived from the priority rank."""
+
+    devices: tuple[RdmaDeviceRef, ...] = ()
+    service_level: int | None = None  # InfiniBand SL 0-14 (15 is the management VL's)
+    traffic_class: int | None = None  # RoCE IP TOS byte, DSCP << 2
+    nccl: Mapping[str, str] = field(default_factory=dict)  # passed through to the tenant's NCCL environment
+
+
+@dataclass(frozen=True)
 class Tenant:
     name: str
     guarantee_bps: int
@@ -54,6 +78,7 @@ class Tenant:
     # Larger is more important (source design: 100 over 50).
     priority: int
     match: Match = field(default_factory=Match)
+    rdma: Rdma = field(default_factory=Rdma)
 
     def effective_pod_labels(self) -> Mapping[str, str]:
         return self.match.pod_labels if self.match.pod_labels is not None else {DEFAULT_POD_LABEL: self.name}
@@ -158,7 +183,13 @@ def from_dict(doc: Any, source: str = "<memory>", prefix: str = "") -> Config:
 
 _TOP_KEYS = {"tenants", "node"}
 _NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver", "markMask"}
-_TENANT_KEYS = {"name", "bandwidthGuarantee", "bandwidthLimit", "priority", "match"}
+_TENANT_KEYS = {"name", "bandwidthGuarantee", "bandwidthLimit", "priority", "match", "rdma"}
+_RDMA_KEYS = {"devices", "serviceLevel", "trafficClass", "nccl"}
+_RDMA_DEV_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.-]{1,63})(:(?P<port>[0-9]{1,3}))?$")
+_PCI_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_NCCL_KEY_RE = re.compile(r"^NCCL_[A-Z0-9_]+$")
+# Managed by shaperd from rdma.devices/serviceLevel/trafficClass: a passthrough value would contradict them.
+_NCCL_DERIVED = {"NCCL_IB_HCA", "NCCL_IB_SL", "NCCL_IB_TC"}
 _MATCH_KEYS = {"cidrs", "interfaces", "podLabels", "namespaces", "cgroups"}
 
 
@@ -278,9 +309,47 @@ class _Validator:
             self.bad(f"{path}.priority", f"expected a whole number >= 0 (larger is more important), got {prio!r}")
             prio = 0
         match = self.match(m.get("match"), f"{path}.match")
+        rdma = self.rdma(m.get("rdma"), f"{path}.rdma")
         if len(self.problems) != before or name is None or guarantee is None:
             return None
-        return Tenant(name=name, guarantee_bps=guarantee, limit_bps=limit, priority=prio, match=match)
+        return Tenant(name=name, guarantee_bps=guarantee, limit_bps=limit, priority=prio, match=match, rdma=rdma)
+
+    def rdma(self, obj: Any, path: str) -> Rdma:
+        m = self.mapping(obj, path)
+        if m is None:
+            return Rdma()
+        self.keys(m, _RDMA_KEYS, path)
+        devices: list[RdmaDeviceRef] = []
+        for j, d in enumerate(self.str_list(m.get("devices"), f"{path}.devices")):
+            if _PCI_RE.match(d):
+                devices.append(RdmaDeviceRef(pci=d.lower()))
+            elif (dm := _RDMA_DEV_RE.match(d)) and (dm["port"] is None or 1 <= int(dm["port"]) <= 255):
+                devices.append(RdmaDeviceRef(name=dm["name"], port=int(dm["port"]) if dm["port"] else None))
+            else:
+                self.bad(f"{path}.devices[{j}]", f"expected an HCA[:port] such as 'mlx5_0:1' or a PCI address "
+                         f"such as '0000:3b:00.2', got {d!r}")
+        sl = m.get("serviceLevel")
+        if sl is not None and (isinstance(sl, bool) or not isinstance(sl, int) or not 0 <= sl <= 14):
+            self.bad(f"{path}.serviceLevel", f"expected an InfiniBand service level 0-14 (15 is reserved), got {sl!r}")
+            sl = None
+        tc = m.get("trafficClass")
+        if tc is not None and (isinstance(tc, bool) or not isinstance(tc, int) or not 0 <= tc <= 255):
+            self.bad(f"{path}.trafficClass", "expected the RoCE IP TOS byte 0-255, DSCP << 2 plus the ECN bits "
+                     f"(106 = DSCP 26 with ECT(0)), got {tc!r}")
+            tc = None
+        nccl_raw = self.mapping(m.get("nccl"), f"{path}.nccl") or {}
+        nccl: dict[str, str] = {}
+        for k, v in nccl_raw.items():
+            if not isinstance(k, str) or not _NCCL_KEY_RE.match(k):
+                self.bad(f"{path}.nccl.{k}", "expected an NCCL environment variable name (NCCL_...)")
+            elif k in _NCCL_DERIVED:
+                self.bad(f"{path}.nccl.{k}", "set by shaperd from rdma.devices, serviceLevel and trafficClass; "
+                         "set those instead")
+            elif not isinstance(v, str):
+                self.bad(f"{path}.nccl.{k}", f"expected a string value (quote numbers: \"{v}\"), got {type(v).__name__}")
+            else:
+                nccl[k] = v
+        return Rdma(devices=tuple(devices), service_level=sl, traffic_class=tc, nccl=nccl)
 
     def match(self, obj: Any, path: str) -> Match:
         m = self.mapping(obj, path)
@@ -322,6 +391,14 @@ class _Validator:
                 if c in owner and owner[c] != t.name:
                     self.bad(f"tenants[{i}].match.cidrs", f"{c} is also claimed by tenant {owner[c]!r}")
                 owner.setdefault(c, t.name)
+        # An RDMA device (or port, or PCI function) dedicated to two tenants isolates neither.
+        claims: list[tuple[RdmaDeviceRef, str]] = []
+        for i, t in tenants:
+            for j, d in enumerate(t.rdma.devices):
+                other = next((owner for c, owner in claims if owner != t.name and _overlaps(c, d)), None)
+                if other is not None:
+                    self.bad(f"tenants[{i}].rdma.devices[{j}]", f"{d} is also dedicated to tenant {other!r}")
+                claims.append((d, t.name))
         cap = node.capacity_bps
         if cap is None:
             return  # checked per device by the planner, once the link speed is known
@@ -344,6 +421,13 @@ def _contiguous(mask: int) -> bool:
 # A default class that is never starved: unless the operator sets node.reserve,
 # 1 % of capacity is kept for traffic of no tenant (kubelet, DNS, ssh).
 DEFAULT_RESERVE_FRACTION = (1, 100)
+
+
+def _overlaps(a: RdmaDeviceRef, b: RdmaDeviceRef) -> bool:
+    """Whether two rdma.devices entries name the same function or port (a whole device covers its ports)."""
+    if a.pci or b.pci:
+        return a.pci == b.pci
+    return a.name == b.name and (a.port is None or b.port is None or a.port == b.port)
 
 
 def default_reserve_bps(capacity_bps: int) -> int:

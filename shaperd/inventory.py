@@ -55,12 +55,70 @@ class Pod:
     host_ifname: str | None = None
     # hostNetwork pods: the pod cgroup (cgroup v2).
     cgroup: CgroupRef | None = None
+    # RDMA devices (names) the kubelet assigned to it (pod-resources API), resolved to this node's devices.
+    rdma_devices: tuple[str, ...] = ()
     # Why something could not be resolved (logged and retried on the next resync).
     problems: tuple[str, ...] = ()
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Gid:
+    """One populated GID table entry of an RDMA port."""
+
+    index: int
+    gid: str
+    type: str = ""  # "IB/RoCE v1", "RoCE v2" (gid_attrs/types)
+    netdev: str | None = None  # gid_attrs/ndevs: the netdev a RoCE GID belongs to
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    device: str
+    port: int
+    link_layer: str  # "InfiniBand" or "Ethernet" (RoCE)
+    state: str = ""  # "ACTIVE", "DOWN", ... (the number prefix dropped)
+    phys_state: str = ""  # "LinkUp", "Disabled", ...
+    rate: str = ""  # as the kernel says it: "100 Gb/sec (4X EDR)"
+    rate_gbps: float | None = None
+    lid: int | None = None  # InfiniBand only
+    sm_lid: int | None = None
+    gids: tuple[Gid, ...] = ()
+    netdevs: tuple[str, ...] = ()  # RoCE: the netdevs behind this port's GIDs
+
+    @property
+    def ref(self) -> str:
+        return f"{self.device}:{self.port}"
+
+    @property
+    def roce_v2_gid_index(self) -> int | None:
+        """The first RoCE v2 GID with an IPv4-mapped or routable address (what NCCL_IB_GID_INDEX wants)."""
+        v2 = [g for g in self.gids if g.type == "RoCE v2"]
+        mapped = [g for g in v2 if g.gid.startswith("0000:0000:0000:0000:0000:ffff:")]
+        pick = mapped or [g for g in v2 if not g.gid.startswith("fe80:")] or v2
+        return pick[0].index if pick else None
+
+
+@dataclass(frozen=True)
+class RdmaDevice:
+    """An RDMA device (HCA, or an SR-IOV VF's function) as sysfs and RDMA netlink describe it."""
+
+    name: str
+    node_type: str = ""  # "1: CA"
+    node_guid: str = ""
+    fw_ver: str = ""
+    pci: str | None = None  # its PCI function, "0000:3b:00.2"; None for software devices (rxe)
+    is_vf: bool = False
+    pf_pci: str | None = None  # the PF of a VF (device/physfn)
+    sriov_numvfs: int | None = None  # on a PF with SR-IOV
+    parent: str | None = None  # software devices (rxe): the netdev they sit on
+    ports: tuple[RdmaPort, ...] = ()
+
+    def port(self, n: int) -> RdmaPort | None:
+        return next((p for p in self.ports if p.port == n), None)
 
 
 @dataclass(frozen=True)
@@ -73,6 +131,12 @@ class Inventory:
     pods: tuple[Pod, ...] = ()
     # match.cgroups of the tenants file, resolved: path -> CgroupRef (missing ones absent).
     cgroups: tuple[CgroupRef, ...] = ()
+    # RDMA devices visible from this namespace, and what could not be read (or seen) and why.
+    rdma: tuple[RdmaDevice, ...] = ()
+    rdma_notes: tuple[str, ...] = ()
+
+    def rdma_device(self, name: str) -> RdmaDevice | None:
+        return next((d for d in self.rdma if d.name == name), None)
 
     def link(self, name: str) -> Link | None:
         return next((l for l in self.links if l.name == name), None)

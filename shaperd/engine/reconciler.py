@@ -20,6 +20,7 @@ from ..backends.base import ApplyResult, Backend, BackendStats, ClassTarget, Ope
 from ..config import Config
 from ..discovery import cgroups as cgroups_mod
 from ..discovery import pods as pods_mod
+from ..discovery import rdma as rdma_mod
 from ..discovery.node import discover
 from ..errors import ConfigProblem, KernelError, ShaperdError
 from ..inventory import Capabilities, Inventory
@@ -156,8 +157,10 @@ class Reconciler:
                         self.log.warning("cgroup not found", tenant=t.name, cgroup=path, root=str(self.cgroup_root))
                     else:
                         refs.append(r)
+        rdma, rdma_notes = rdma_mod.discover(self.roots)
         return Inventory(links=inv.links, default_route_devices=inv.default_route_devices,
-                         capabilities=inv.capabilities, pods=pods, cgroups=tuple(refs))
+                         capabilities=inv.capabilities, pods=pods, cgroups=tuple(refs), rdma=rdma,
+                         rdma_notes=rdma_notes)
 
     def plan(self, cfg: Config, inv: Inventory | None = None) -> PlanResult:
         """Pure given the inventory: every enabled backend's desired state."""
