@@ -268,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     node_opts(p, config=False)
     p.set_defaults(fn=cmd_teardown)
 
+    from . import cli_rdma
+
+    cli_rdma.register(sub, node_opts)
+
     p = sub.add_parser("demo", help="build a namespace test bed and measure isolation (root)")
     try:
         from .bed import demo
