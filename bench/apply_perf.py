@@ -31,7 +31,9 @@ Logging stays on as in production (JSON lines, one per kernel change) but
 goes to /dev/null. After the runs, one first apply and one resync are run
 under cProfile and broken down by stage and by owner (pyroute2, shaperd,
 asyncio, syscalls), and each piece of a reconcile is also timed on its own
-without the profiler. Namespaces are removed on any exit, SIGTERM included.
+without the profiler. Namespaces (shaperd_bed.netns) are removed on any
+exit, SIGTERM included; every child runs in its own process group with a
+deadline.
 
 Exit status: 0 when both aims hold (first apply < 250 ms, resync < 50 ms,
 medians), 1 when one does not, 2 when it cannot run (not root, no tc).
@@ -49,16 +51,19 @@ import platform
 import pstats
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from shaperd.kernel.tcstats import StatsReader  # noqa: E402
 from contextlib import redirect_stderr
+from shaperd_bed import netns  # noqa: E402
 
 TENANTS = 64
 PREFIXES = 500
@@ -136,36 +141,15 @@ def summary(xs: list[float]) -> dict:
 # ------------------------------------------------------------------ namespaces
 
 
-class Bench:
-    """Namespaces this process created; all removed by ``cleanup``."""
+class Bench(netns.Namespaces):
+    """Namespaces this process created (``shpb-<pid>-<tag>``); all removed by ``cleanup``."""
 
     def __init__(self) -> None:
-        from pyroute2 import netns
-
-        self._netns = netns
-        self.created: list[str] = []
-        self.owner = os.getpid()
+        super().__init__()
         self.prefix = f"shpb-{os.getpid()}-"
 
     def new_netns(self, tag: str) -> str:
-        name = f"{self.prefix}{tag}"
-        self._netns.create(name)
-        self.created.append(name)
-        return name
-
-    def remove(self, name: str) -> None:
-        try:
-            self._netns.remove(name)
-        except OSError:
-            pass
-        if name in self.created:
-            self.created.remove(name)
-
-    def cleanup(self) -> None:
-        if os.getpid() != self.owner:
-            return  # a forked helper child: the namespaces are the parent's
-        for name in list(self.created):
-            self.remove(name)
+        return self.add(f"{self.prefix}{tag}")
 
 
 def fresh_veth(ns: str, name: str = DEVICE) -> int:
@@ -174,25 +158,42 @@ def fresh_veth(ns: str, name: str = DEVICE) -> int:
     With ip(8), not a second pyroute2 socket: two IPRoute objects open at once
     in one thread can hang pyroute2 0.9's shared event loop.
     """
-    ip = ["ip", "-n", ns]
-    subprocess.run(ip + ["link", "del", name], capture_output=True)  # absent on the first call
-    subprocess.run(ip + ["link", "add", name, "type", "veth", "peer", "name", f"{name}p"], check=True)
-    for n in (name, f"{name}p"):
-        subprocess.run(ip + ["link", "set", n, "up"], check=True)
-    out = subprocess.run(ip + ["-o", "link", "show", name], capture_output=True, text=True, check=True).stdout
-    return int(out.split(":", 1)[0])
+    netns.run(["ip", "-n", ns, "link", "del", name], check=False)  # absent on the first call
+    netns.veth(name, ns, f"{name}p", ns)
+    return netns.link(ns, name)["ifindex"]
+
+
+CHILD_DEADLINE_S = 300.0  # a tc -batch or CLI apply takes well under a second
 
 
 def run_child(argv: list[str], stdout_path: str = os.devnull) -> tuple[float, int, int, str]:
-    """(wall seconds, exit code, child's ru_maxrss KiB, stderr) of one child process."""
-    with open(stdout_path, "wb") as out, tempfile.TemporaryFile() as err:
-        t = time.perf_counter()
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-        _, status, ru = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t
-        p.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        return wall, p.returncode, ru.ru_maxrss, err.read().decode(errors="replace")
+    """(wall seconds, exit code, child's ru_maxrss KiB, stderr) of one child process.
+
+    Not netns.run: wait4() gives the child's rusage. Own process group all the same, killed as a
+    group at CHILD_DEADLINE_S by a timer started before the clock so it costs the figure nothing."""
+    child: dict = {}
+
+    def expire() -> None:
+        if "pid" in child and "done" not in child:
+            os.killpg(child["pid"], signal.SIGKILL)
+
+    timer = threading.Timer(CHILD_DEADLINE_S, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        with open(stdout_path, "wb") as out, tempfile.TemporaryFile() as err:
+            t = time.perf_counter()
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+            child["pid"] = p.pid
+            _, status, ru = os.wait4(p.pid, 0)
+            wall = time.perf_counter() - t
+            child["done"] = True
+            p.returncode = os.waitstatus_to_exitcode(status)
+            err.seek(0)
+            return wall, p.returncode, ru.ru_maxrss, err.read().decode(errors="replace")
+    finally:
+        child["done"] = True
+        timer.cancel()
 
 
 def child_maxrss_kib(argv: list[str]) -> int | None:
@@ -229,7 +230,7 @@ def time_imports(repeat: int = 5) -> dict:
             "; print(time.perf_counter()-t)")
     imports, startup = [], []
     for _ in range(repeat):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        out = netns.run([sys.executable, "-c", code])
         imports.append(float(out.stdout.strip()))
         wall, _, _, _ = run_child([sys.executable, "-c", "pass"])
         startup.append(wall)
@@ -720,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     tc_net = max(s["tc_batch_s"]["median"] - s["tc_exec_empty_s"]["median"], 1e-9)
     n24 = sum(1 for p in make_prefixes(args.prefixes) if p.endswith("/24"))
     n32 = sum(1 for p in make_prefixes(args.prefixes) if p.endswith("/32"))
-    tc_version = subprocess.run(["tc", "-V"], capture_output=True, text=True).stdout.strip()
+    tc_version = netns.run(["tc", "-V"], check=False).stdout.strip()
     res = {
         "command": "sudo " + " ".join([sys.executable, "bench/apply_perf.py"] + (argv if argv is not None else sys.argv[1:])),
         "runs": args.runs,

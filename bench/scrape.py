@@ -26,7 +26,7 @@ f. scrape_http_cached: ``GET /metrics`` again on the same snapshot (a second
 
 Prints median, min, p90 and max over the runs.
 Timings only; nothing is asserted (tests do not assert timings). The
-namespace is removed even on failure or Ctrl-C.
+namespace (shaperd_bed.netns) is removed even on failure or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,15 +43,12 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
+from shaperd_bed import netns
 
 from shaperd.kernel.tcstats import StatsReader
 from shaperd.report.http import MetricsServer
 from shaperd.report.metrics import Metrics
 from shaperd.report.sampler import Sampler, Snapshot, targets_from_plan
-
-
-def run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, text=True)
 
 
 def config(tenants: int, devices: int) -> str:
@@ -77,18 +73,15 @@ def main() -> int:
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
-    ns = f"shpd-bench-scrape-{os.getpid()}"
-    run("ip", "netns", "add", ns)
-    try:
+    with netns.Namespaces() as nets:
+        ns = nets.add(f"shpd-bench-scrape-{os.getpid()}")
         for i in range(a.devices):
-            run("ip", "-n", ns, "link", "add", f"bs{i}", "type", "veth", "peer", "name", f"bsp{i}")
-            run("ip", "-n", ns, "link", "set", f"bs{i}", "up")
-            run("ip", "-n", ns, "link", "set", f"bsp{i}", "up")
+            netns.veth(f"bs{i}", ns, f"bsp{i}", ns)
         with tempfile.TemporaryDirectory() as d:
             cfg = Path(d) / "tenants.yaml"
             cfg.write_text(config(a.tenants, a.devices))
-            run("ip", "netns", "exec", ns, sys.executable, "-m", "shaperd", "--log-level", "error", "apply",
-                "--config", str(cfg))
+            netns.run([sys.executable, "-m", "shaperd", "--log-level", "error", "apply", "--config", str(cfg)], ns,
+                      timeout=120)
             from shaperd.cli import _reconciler  # the plan, to label classes as the daemon does
             from shaperd.config import load_file
 
@@ -155,8 +148,6 @@ def main() -> int:
             series = sum(1 for l in body.splitlines() if l and not l.startswith(b"#"))
         server.stop()
         reader.close()
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     res = {"tenants": a.tenants, "devices": a.devices, "classes_read": classes, "series": series,
            "exposition_bytes": size, "runs": a.runs}
     for name, xs in t.items():
