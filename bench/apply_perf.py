@@ -6,7 +6,7 @@ from 198.18.0.0/15, IPv6 /64s from 2001:db8::/32) on one device with
 node.capacity 100Gbps, beside ``tc -batch`` of the very same objects, measured
 in the same run.
 
-    sudo /tmp/venv/bin/python bench/apply_perf.py [--runs N] [--json] [--no-profile] [--no-cli]
+    sudo /tmp/venv/bin/python bench/apply_perf.py [--runs N] [--json] [--no-stages] [--no-cli]
 
 Each run builds a fresh network namespace holding one veth pair ``sh0``/``sh0p``
 (re-created between phases so every "first" sees a fresh device) and measures:
@@ -28,10 +28,11 @@ e. (unless --no-cli) the one-shot CLI end to end, ``shaperd apply --netns``
    ru_maxrss.
 
 Logging stays on as in production (JSON lines, one per kernel change) but
-goes to /dev/null. After the runs, one first apply and one resync are run
-under cProfile and broken down by stage and by owner (pyroute2, shaperd,
-asyncio, syscalls), and each piece of a reconcile is also timed on its own
-without the profiler. Namespaces are removed on any exit, SIGTERM included.
+goes to /dev/null. In the last run each step of a reconcile (discover,
+tenancy, and per backend plan, observe, diff, apply) is also timed on its own
+with the engine's own functions (unless --no-stages). Namespaces (shaperd_bed.netns) are removed on any
+exit, SIGTERM included; every child runs in its own process group with a
+deadline.
 
 Exit status: 0 when both aims hold (first apply < 250 ms, resync < 50 ms,
 medians), 1 when one does not, 2 when it cannot run (not root, no tc).
@@ -40,25 +41,25 @@ medians), 1 when one does not, 2 when it cannot run (not root, no tc).
 from __future__ import annotations
 
 import argparse
-import cProfile
 import gc
 import ipaddress
 import json
 import os
 import platform
-import pstats
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from shaperd.kernel.tcstats import StatsReader  # noqa: E402
 from contextlib import redirect_stderr
+from shaperd_bed import netns  # noqa: E402
 
 TENANTS = 64
 PREFIXES = 500
@@ -136,36 +137,15 @@ def summary(xs: list[float]) -> dict:
 # ------------------------------------------------------------------ namespaces
 
 
-class Bench:
-    """Namespaces this process created; all removed by ``cleanup``."""
+class Bench(netns.Namespaces):
+    """Namespaces this process created (``shpb-<pid>-<tag>``); all removed by ``cleanup``."""
 
     def __init__(self) -> None:
-        from pyroute2 import netns
-
-        self._netns = netns
-        self.created: list[str] = []
-        self.owner = os.getpid()
+        super().__init__()
         self.prefix = f"shpb-{os.getpid()}-"
 
     def new_netns(self, tag: str) -> str:
-        name = f"{self.prefix}{tag}"
-        self._netns.create(name)
-        self.created.append(name)
-        return name
-
-    def remove(self, name: str) -> None:
-        try:
-            self._netns.remove(name)
-        except OSError:
-            pass
-        if name in self.created:
-            self.created.remove(name)
-
-    def cleanup(self) -> None:
-        if os.getpid() != self.owner:
-            return  # a forked helper child: the namespaces are the parent's
-        for name in list(self.created):
-            self.remove(name)
+        return self.add(f"{self.prefix}{tag}")
 
 
 def fresh_veth(ns: str, name: str = DEVICE) -> int:
@@ -174,25 +154,42 @@ def fresh_veth(ns: str, name: str = DEVICE) -> int:
     With ip(8), not a second pyroute2 socket: two IPRoute objects open at once
     in one thread can hang pyroute2 0.9's shared event loop.
     """
-    ip = ["ip", "-n", ns]
-    subprocess.run(ip + ["link", "del", name], capture_output=True)  # absent on the first call
-    subprocess.run(ip + ["link", "add", name, "type", "veth", "peer", "name", f"{name}p"], check=True)
-    for n in (name, f"{name}p"):
-        subprocess.run(ip + ["link", "set", n, "up"], check=True)
-    out = subprocess.run(ip + ["-o", "link", "show", name], capture_output=True, text=True, check=True).stdout
-    return int(out.split(":", 1)[0])
+    netns.run(["ip", "-n", ns, "link", "del", name], check=False)  # absent on the first call
+    netns.veth(name, ns, f"{name}p", ns)
+    return netns.link(ns, name)["ifindex"]
+
+
+CHILD_DEADLINE_S = 300.0  # a tc -batch or CLI apply takes well under a second
 
 
 def run_child(argv: list[str], stdout_path: str = os.devnull) -> tuple[float, int, int, str]:
-    """(wall seconds, exit code, child's ru_maxrss KiB, stderr) of one child process."""
-    with open(stdout_path, "wb") as out, tempfile.TemporaryFile() as err:
-        t = time.perf_counter()
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-        _, status, ru = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t
-        p.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        return wall, p.returncode, ru.ru_maxrss, err.read().decode(errors="replace")
+    """(wall seconds, exit code, child's ru_maxrss KiB, stderr) of one child process.
+
+    Not netns.run: wait4() gives the child's rusage. Own process group all the same, killed as a
+    group at CHILD_DEADLINE_S by a timer started before the clock so it costs the figure nothing."""
+    child: dict = {}
+
+    def expire() -> None:
+        if "pid" in child and "done" not in child:
+            os.killpg(child["pid"], signal.SIGKILL)
+
+    timer = threading.Timer(CHILD_DEADLINE_S, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        with open(stdout_path, "wb") as out, tempfile.TemporaryFile() as err:
+            t = time.perf_counter()
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+            child["pid"] = p.pid
+            _, status, ru = os.wait4(p.pid, 0)
+            wall = time.perf_counter() - t
+            child["done"] = True
+            p.returncode = os.waitstatus_to_exitcode(status)
+            err.seek(0)
+            return wall, p.returncode, ru.ru_maxrss, err.read().decode(errors="replace")
+    finally:
+        child["done"] = True
+        timer.cancel()
 
 
 def child_maxrss_kib(argv: list[str]) -> int | None:
@@ -220,7 +217,8 @@ def maxrss_kib() -> int:
 # ------------------------------------------------------------------ one-time costs
 
 
-_IMPORTS = ("shaperd.config", "shaperd.reconciler", "shaperd.kernel.tc", "shaperd.kernel.probe", "shaperd.render")
+_IMPORTS = ("shaperd.config", "shaperd.engine.reconciler", "shaperd.kernel.tc", "shaperd.kernel.probe",
+            "shaperd.backends.htb.backend", "shaperd.backends.marks.backend")
 
 
 def time_imports(repeat: int = 5) -> dict:
@@ -229,92 +227,17 @@ def time_imports(repeat: int = 5) -> dict:
             "; print(time.perf_counter()-t)")
     imports, startup = [], []
     for _ in range(repeat):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        out = netns.run([sys.executable, "-c", code])
         imports.append(float(out.stdout.strip()))
         wall, _, _, _ = run_child([sys.executable, "-c", "pass"])
         startup.append(wall)
     return {"import_s": summary(imports), "interpreter_start_s": summary(startup)}
 
 
-# ------------------------------------------------------------------ profiling
+# ------------------------------------------------------------------ stages
 
 
-def _stage_times(st: pstats.Stats) -> dict[str, float]:
-    """Cumulative seconds of the reconcile stages, from the profile's call graph."""
-    raw = st.stats  # (file, line, func) -> (cc, nc, tt, ct, callers)
-
-    def ct(file_end: str, func: str) -> float:
-        return sum(v[3] for k, v in raw.items() if k[0].endswith(file_end) and k[2] == func)
-
-    def edge_ct(callee_pred, caller_pred) -> float:
-        total = 0.0
-        for k, v in raw.items():
-            if not callee_pred(k):
-                continue
-            for ck, cv in v[4].items():
-                if caller_pred(ck):
-                    total += cv[3]
-        return total
-
-    in_tc = lambda k: k[0].endswith("shaperd/kernel/tc.py")  # noqa: E731
-    read = ct("shaperd/kernel/tc.py", "read_device")
-    owned = ct("shaperd/kernel/tc.py", "owned_ifindexes")
-    marks = ct("shaperd/kernel/tc.py", "read_marks")
-    rd_dump = edge_ct(lambda k: in_tc(k) and k[2] == "_dump", lambda ck: in_tc(ck) and ck[2] == "read_device")
-    build = ct("shaperd/kernel/tc.py", "build_message")
-    send = edge_ct(lambda k: k[2] == "nlm_request_batch" and "pyroute2" in k[0], lambda ck: in_tc(ck))
-    apply_ops = ct("shaperd/kernel/tc.py", "apply_ops")
-    logs = edge_ct(lambda k: "structlog" in k[0], lambda ck: ck[0].endswith("shaperd/reconciler.py"))
-    total = ct("shaperd/reconciler.py", "apply")
-    stages = {
-        "discover links (RTM_GETLINK + RTM_GETROUTE dumps)": ct("shaperd/reconciler.py", "inventory"),
-        "plan (pure)": ct("shaperd/planner.py", "plan"),
-        "read device: 3 dumps (pyroute2 recv+parse)": rd_dump,
-        "read device: messages -> state (pyroute2 get_attr)": read - rd_dump,
-        "GC: dump of all qdiscs (owned_ifindexes)": owned,
-        "marks: dump of all qdiscs + clsact filters": marks,
-        "diff (pure)": ct("shaperd/diff.py", "diff_device"),
-        "write: build tcmsg (shaperd build_message)": build,
-        "write: pyroute2 encode + send + read acks": send,
-        "write: rest of apply_ops": apply_ops - build - send,
-        "log one line per change (structlog)": logs,
-    }
-    stages["other"] = total - sum(stages.values())
-    stages["TOTAL Reconciler.apply"] = total
-    return stages
-
-
-def _owner_times(st: pstats.Stats) -> dict[str, float]:
-    """Self (tottime) seconds grouped by who owns the code."""
-    groups: dict[str, float] = {}
-    for (file, _line, func), v in st.stats.items():
-        tt = v[2]
-        if file == "~":
-            if any(s in func for s in ("socket", "recv", "send", "select", "poll", "epoll")):
-                g = "syscalls: socket send/recv, epoll (kernel work inside)"
-            else:
-                g = "C builtins (struct, dict, list, ...)"
-        elif "pyroute2/netlink/nlsocket" in file or "pyroute2/netlink/core" in file or "pyroute2/netlink/coredata" in file:
-            g = "pyroute2 socket/request machinery"
-        elif "pyroute2/netlink/__init__" in file or "pyroute2/netlink/rtnl" in file or "pyroute2/netlink/nlmsg" in file:
-            g = "pyroute2 message encode/decode (nla_base, nlmsg)"
-        elif "pyroute2" in file:
-            g = "pyroute2 other (iproute API, requests filters)"
-        elif "asyncio" in file:
-            g = "asyncio event loop (pyroute2 0.9 sync wrapper)"
-        elif "shaperd" in file:
-            g = "shaperd (" + file.split("shaperd/")[-1] + ")"
-        elif "structlog" in file or "/json/" in file:
-            g = "structlog + json rendering"
-        elif "ipaddress" in file:
-            g = "ipaddress"
-        else:
-            g = "stdlib other (" + os.path.basename(file) + ")"
-        groups[g] = groups.get(g, 0.0) + tt
-    return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
-
-
-def _median_time(fn, repeat: int = 7) -> float:
+def _median_s(fn, repeat: int = 7) -> float:
     xs = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -323,125 +246,61 @@ def _median_time(fn, repeat: int = 7) -> float:
     return statistics.median(xs)
 
 
-def stage_timing(ipr, rec, cfg) -> dict[str, float]:
-    """Median seconds of each piece of a reconcile, called on its own, without a profiler.
+def stage_times(rec, cfg, fresh: bool) -> dict[str, float]:
+    """Each step of one reconcile, timed on its own with the engine's own functions.
 
-    Run on a device that is in sync. Pieces overlap nothing but are called
-    outside ``apply``, so their sum is close to, not equal to, a resync.
+    fresh=True: one pass on a fresh device (the last step writes); False: medians of 7 on an in-sync device.
     """
-    from pyroute2.netlink.rtnl.tcmsg import sched_htb
+    from shaperd.backends.base import PlanInput
+    from shaperd.kernel.rtnl import CachedReads
+    from shaperd.tenancy import tenancy
 
-    from shaperd.diff import diff_device
-    from shaperd.kernel import tc
-    from shaperd.planner import plan
-    from shaperd.state import ROOT_HANDLE
-
+    out: dict[str, float] = {}
+    timed = (lambda f: _median_s(f, 1)) if fresh else _median_s
+    out["discover (links, routes, sysfs, RDMA sysfs)"] = timed(lambda: rec.inventory(cfg))
     inv = rec.inventory(cfg)
-    p = plan(cfg, inv, rec.settings)
-    dp = p.device(DEVICE)
-    idx = dp.ifindex
-    observed = rec.reader.device_state(DEVICE, idx)
-    fresh = diff_device(dp, type(observed)(device=DEVICE, ifindex=idx, root=None)).ops  # a first apply's ops
-    from shaperd.diff import Op
-
-    ops = [op for op in fresh if not (op.verb == "add-filter" and type(op.obj).__name__ == "BpfFilter")]
-    out = {
-        "resync: discover (links + routes dumps)": _median_time(lambda: rec.inventory(cfg)),
-        "resync: plan": _median_time(lambda: plan(cfg, inv, rec.settings)),
-        "resync: dump qdiscs of the device (pyroute2)": _median_time(lambda: list(ipr.get_qdiscs(index=idx))),
-        "resync: dump classes (pyroute2)": _median_time(lambda: list(ipr.get_classes(index=idx))),
-        "resync: dump filters (pyroute2)": _median_time(lambda: list(ipr.get_filters(index=idx, parent=ROOT_HANDLE))),
-        "resync: read device state (raw reader: qdiscs, classes, filters)": _median_time(
-            lambda: rec.reader.device_state(DEVICE, idx)),
-        "resync: all-qdisc dump (shared by device read, GC and marks)": _median_time(lambda: rec.reader.qdiscs()),
-        "resync: mark programs on host interfaces": _median_time(lambda: rec.reader.marks()),
-        "resync: diff": _median_time(lambda: diff_device(dp, observed)),
-        "first: build_message x%d (shaperd)" % len(ops): _median_time(lambda: [tc.build_message(o) for o in ops]),
-        "first: build + pyroute2 encode x%d" % len(ops): _median_time(
-            lambda: [tc.build_message(o).encode() for o in ops]),
-    }
-    # Experiment: pyroute2's HTB parms encoder fills two 256-entry rate tables
-    # (calc_rtab) for every class even though shaperd sends no TCA_HTB_RTAB/CTAB.
-    parms_cls = sched_htb.options.htb_parms
-    orig = parms_cls.encode
-    try:
-        from pyroute2.netlink import nla
-
-        parms_cls.encode = lambda self: nla.encode(self)
-        out["first: build + encode, HTB rate tables skipped (experiment)"] = _median_time(
-            lambda: [tc.build_message(o).encode() for o in ops])
-    finally:
-        parms_cls.encode = orig
-    del Op
+    out["tenancy (pure)"] = timed(lambda: tenancy(cfg, inv))
+    ctx = PlanInput(cfg, inv, tenancy(cfg, inv))
+    for b in rec.enabled:
+        out[f"{b.name}: plan (pure)"] = timed(lambda: b.plan(ctx))
+        desired = b.plan(ctx)
+        out[f"{b.name}: observe (kernel reads)"] = timed(lambda: b.observe(CachedReads(rec.reader), inv))
+        observed = b.observe(CachedReads(rec.reader), inv)
+        out[f"{b.name}: diff (pure)"] = timed(lambda: b.diff(desired, observed))
+        if fresh:
+            diffs = b.diff(desired, observed)
+            t = time.perf_counter()
+            for d in diffs:
+                if d.ops:
+                    res = b.apply(d)
+                    if res.batch_failed or res.failed:
+                        raise RuntimeError(f"{b.name}: apply failed on {d.target}")
+            out[f"{b.name}: apply (encode + one netlink batch)"] = time.perf_counter() - t
     return out
-
-
-def profile_once(bench: Bench, cfg, caps, sysfs: str, top: int) -> dict:
-    from shaperd.kernel import tc
-    from shaperd.reconciler import Reconciler
-
-    ns = bench.new_netns("prof")
-    out = {}
-    try:
-        fresh_veth(ns)
-        ipr = tc.open_netlink(ns)
-        try:
-            rec = Reconciler(ipr, caps, sysfs_root=sysfs, reader=StatsReader(ns))
-            for label in ("first_apply", "resync"):
-                prof = cProfile.Profile()
-                prof.enable()
-                rep = rec.apply(cfg)
-                prof.disable()
-                st = pstats.Stats(prof)
-                fn_rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]
-                out[label] = {
-                    "changes": rep.changes,
-                    "profiled_total_s": _stage_times(st)["TOTAL Reconciler.apply"],
-                    "stages_s": _stage_times(st),
-                    "owners_tottime_s": _owner_times(st),
-                    "top_tottime": [
-                        {"func": f"{os.path.relpath(k[0], '/') if k[0] != '~' else ''}:{k[1]}({k[2]})".lstrip(":0"),
-                         "ncalls": v[1], "tottime_s": v[2], "cumtime_s": v[3]}
-                        for k, v in fn_rows
-                    ],
-                }
-            out["stage_timing_s"] = stage_timing(ipr, rec, cfg)
-        finally:
-            ipr.close()
-    finally:
-        bench.remove(ns)
-    return out
-
-
-# ------------------------------------------------------------------ one run
 
 
 def tc_vs_plan(ops) -> dict[str, int]:
-    """What shaperd would still change on the tc-built device, by kind.
-
-    Expected: the BPF classifiers (no tc equivalent, loaded by shaperd from
-    generated bytecode) and HTB buffer ticks that tc rounds its own way from
-    the same burst in bytes. Anything else means the two built different trees.
-    """
+    """What shaperd would still change on a device tc -batch built: counts by operation class."""
     out: dict[str, int] = {}
     for op in ops:
-        if op.verb == "add-filter" and type(op.obj).__name__ == "BpfFilter":
-            k = "add bpf filter (no tc equivalent)"
-        elif op.verb == "put-class" and not op.create and all(
-                part.split(" ")[0] in ("burst", "cburst") for part in op.reason.removeprefix("differs: ").split(", ")):
-            k = "class burst/cburst ticks differ (rounding)"
-        else:
-            k = "OTHER: " + op.describe()
-        out[k] = out.get(k, 0) + 1
+        out[type(op).__name__] = out.get(type(op).__name__, 0) + 1
     return out
 
 
 def one_run(bench: Bench, i: int, cfg, cfg_file: str, batch_file: str, empty_file: str, caps, sysfs: str,
-            expected_changes: int, cli: bool) -> dict:
-    from shaperd.diff import diff_device
+            expected_changes: int, cli: bool, stages: bool = False) -> dict:
+    from shaperd.backends.htb import observe as htb_observe
+    from shaperd.backends.htb.diff import diff_device
+    from shaperd.engine.reconciler import Reconciler, default_backends
     from shaperd.kernel import tc
     from shaperd.kernel.probe import probe_capabilities
-    from shaperd.reconciler import Reconciler
+    from shaperd.kernel.rtnl import RtnlReader
+    from shaperd.roots import Roots
+
+    roots = Roots.of(sys=sysfs)
+
+    def reconciler(ipr, reader):
+        return Reconciler(reader, default_backends(ipr), caps, roots=roots)
 
     r: dict = {}
     t = time.perf_counter()
@@ -453,10 +312,11 @@ def one_run(bench: Bench, i: int, cfg, cfg_file: str, batch_file: str, empty_fil
         # (a)+(b) timed, no tracing.
         fresh_veth(ns)
         t = time.perf_counter()
-        ipr = tc.open_netlink(ns)
+        ipr = tc.open_writer(ns)
+        reader = RtnlReader(ns)
         r["open_netlink_s"] = time.perf_counter() - t
         try:
-            rec = Reconciler(ipr, caps, sysfs_root=sysfs, reader=StatsReader(ns))
+            rec = reconciler(ipr, reader)
             gc.collect()
             t = time.perf_counter()
             rep = rec.apply(cfg)
@@ -475,7 +335,7 @@ def one_run(bench: Bench, i: int, cfg, cfg_file: str, batch_file: str, empty_fil
 
             # (d) tracemalloc pass on a fresh device.
             fresh_veth(ns)
-            rec = Reconciler(ipr, caps, sysfs_root=sysfs, reader=StatsReader(ns))
+            rec = reconciler(ipr, reader)
             gc.collect()
             tracemalloc.start()
             rep = rec.apply(cfg)
@@ -495,8 +355,8 @@ def one_run(bench: Bench, i: int, cfg, cfg_file: str, batch_file: str, empty_fil
             if rc != 0:
                 raise RuntimeError(f"tc -batch failed ({rc}): {err.strip()[:500]}")
             r["tc_batch_s"] = wall
-            dp = rec.plan(cfg).device(DEVICE)
-            observed = rec.reader.device_state(DEVICE, ifindex)
+            dp = rec.plan(cfg).desired["htb"].device(DEVICE)
+            observed = htb_observe.device_state(reader, DEVICE, ifindex)
             r["tc_batch_objects"] = {"classes": len(observed.classes), "leaves": len(observed.leaves),
                                      "filters": len(observed.filters)}
             r["tc_batch_vs_plan"] = tc_vs_plan(diff_device(dp, observed).ops)
@@ -505,8 +365,13 @@ def one_run(bench: Bench, i: int, cfg, cfg_file: str, batch_file: str, empty_fil
             rss = child_maxrss_kib(["tc", "-n", ns, "-batch", batch_file])
             if rss is not None:
                 r["tc_batch_maxrss_kib"] = rss
+            if stages:
+                fresh_veth(ns)
+                r["stages_first"] = stage_times(reconciler(ipr, reader), cfg, fresh=True)
+                r["stages_resync"] = stage_times(reconciler(ipr, reader), cfg, fresh=False)
         finally:
             ipr.close()
+            reader.close()
 
         # (e) the one-shot CLI, end to end.
         if cli:
@@ -591,27 +456,12 @@ def markdown(res: dict) -> str:
     return "\n".join(out)
 
 
-def print_profile(prof: dict) -> None:
-    st = prof.get("stage_timing_s")
-    if st:
-        print("\n## stage timing without profiler (median of 7 calls each, device in sync)")
-        for k, v in st.items():
-            print(f"  {k:<62} {fmt_ms(v):>7} ms")
-    for label, p in prof.items():
-        if label == "stage_timing_s":
-            continue
-        tot = p["stages_s"]["TOTAL Reconciler.apply"]
-        print(f"\n## profile: {label} ({p['changes']} changes), {fmt_ms(tot)} ms under cProfile")
-        print("by stage (cumulative):")
-        for k, v in p["stages_s"].items():
-            print(f"  {k:<55} {fmt_ms(v):>7} ms {v / tot * 100:5.1f} %")
-        print("by owner (self time):")
-        for k, v in list(p["owners_tottime_s"].items())[:14]:
-            print(f"  {k:<55} {fmt_ms(v):>7} ms {v / tot * 100:5.1f} %")
-        print("top functions by self time:")
-        for row in p["top_tottime"]:
-            print(f"  {row['ncalls']:>7} {fmt_ms(row['tottime_s']):>7} ms self {fmt_ms(row['cumtime_s']):>7} ms cum  "
-                  f"{row['func']}")
+def print_stages(run: dict) -> None:
+    for key, title in (("stages_first", "first apply on a fresh device, one pass"),
+                       ("stages_resync", "in-sync resync, median of 7 calls each")):
+        print(f"\n## stages: {title}")
+        for k, v in run[key].items():
+            print(f"  {k:<50} {fmt_ms(v):>7} ms")
 
 
 # ------------------------------------------------------------------ main
@@ -627,11 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON document (raw samples included)")
     ap.add_argument("--tenants", type=int, default=TENANTS)
     ap.add_argument("--prefixes", type=int, default=PREFIXES)
-    ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the cProfile pass")
+    ap.add_argument("--no-stages", dest="stages", action="store_false", help="skip the per-stage timing pass")
     ap.add_argument("--no-cli", dest="cli", action="store_false", help="skip the end-to-end CLI measurement")
     ap.add_argument("--no-bpf", dest="bpf", action="store_false",
                     help="plan as on a kernel without cls_bpf: then shaperd builds exactly what tc -batch builds")
-    ap.add_argument("--top", type=int, default=15, help="functions listed per profile (default 15)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("apply_perf: needs root (network namespaces, tc)", file=sys.stderr)
@@ -647,9 +496,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from shaperd import config as config_mod
     from shaperd import log
+    from shaperd.backends.htb.render import device_commands
+    from shaperd.engine.reconciler import Reconciler, default_backends
     from shaperd.kernel.probe import probe_capabilities
-    from shaperd.render import device_commands
-    from shaperd.reconciler import Reconciler
+    from shaperd.kernel.rtnl import RtnlReader
+    from shaperd.roots import Roots
 
     one_time["import_in_process_s"] = time.perf_counter() - t
 
@@ -680,7 +531,6 @@ def main(argv: list[str] | None = None) -> int:
 
     bench = Bench()
     runs: list[dict] = []
-    prof = None
     try:
         with sigterm_as_exit():
             # The plan (and so the tc commands) on a scratch device of the same name.
@@ -688,8 +538,9 @@ def main(argv: list[str] | None = None) -> int:
             from shaperd.kernel import tc
 
             fresh_veth(ns)
-            with tc.open_netlink(ns) as ipr:
-                dp = Reconciler(ipr, caps, sysfs_root=sysfs, reader=StatsReader(ns)).plan(cfg).device(DEVICE)
+            with tc.open_writer(ns) as ipr, RtnlReader(ns) as reader:
+                rec = Reconciler(reader, default_backends(ipr), caps, roots=Roots.of(sys=sysfs))
+                dp = rec.plan(cfg).desired["htb"].device(DEVICE)
             bench.remove(ns)
             if dp is None:
                 raise RuntimeError("the benchmark config does not plan for the device")
@@ -702,25 +553,23 @@ def main(argv: list[str] | None = None) -> int:
             # Warm-up run (not counted): page cache, kernel module autoload, lazy imports.
             one_run(bench, 0, cfg, cfg_file, batch_file, empty_file, caps, sysfs, expected, cli=False)
             for i in range(1, args.runs + 1):
-                runs.append(one_run(bench, i, cfg, cfg_file, batch_file, empty_file, caps, sysfs, expected, args.cli))
+                runs.append(one_run(bench, i, cfg, cfg_file, batch_file, empty_file, caps, sysfs, expected, args.cli,
+                                    stages=args.stages and i == args.runs))
                 if not args.json:
                     r = runs[-1]
                     print(f"run {i:>2}: first {fmt_ms(r['first_apply_s'])} ms, resync {fmt_ms(r['resync_s'])} ms, "
                           f"tc -batch {fmt_ms(r['tc_batch_s'])} ms"
                           + (f", cli {fmt_ms(r['cli_apply_s'])} ms" if "cli_apply_s" in r else ""), flush=True)
-            if args.profile:
-                prof = profile_once(bench, cfg, caps, sysfs, args.top)
     finally:
         bench.cleanup()
         shutil.rmtree(work, ignore_errors=True)
 
-    keys = [k for k in runs[0] if isinstance(runs[0][k], (int, float)) and not k.endswith("changes")
-]
+    keys = [k for k in runs[0] if isinstance(runs[0][k], (int, float)) and not k.endswith("changes")]
     s = {k: summary([r[k] for r in runs]) for k in keys}
     tc_net = max(s["tc_batch_s"]["median"] - s["tc_exec_empty_s"]["median"], 1e-9)
     n24 = sum(1 for p in make_prefixes(args.prefixes) if p.endswith("/24"))
     n32 = sum(1 for p in make_prefixes(args.prefixes) if p.endswith("/32"))
-    tc_version = subprocess.run(["tc", "-V"], capture_output=True, text=True).stdout.strip()
+    tc_version = netns.run(["tc", "-V"], check=False).stdout.strip()
     res = {
         "command": "sudo " + " ".join([sys.executable, "bench/apply_perf.py"] + (argv if argv is not None else sys.argv[1:])),
         "runs": args.runs,
@@ -744,8 +593,6 @@ def main(argv: list[str] | None = None) -> int:
         },
         "runs_raw": runs,
     }
-    if prof is not None:
-        res["profile"] = prof
     if args.json:
         print(json.dumps(res, indent=2, default=str))
     else:
@@ -754,8 +601,8 @@ def main(argv: list[str] | None = None) -> int:
         other = [k for r in runs for k in r["tc_batch_vs_plan"] if k.startswith("OTHER")]
         print(f"\nCheck: tc -batch built {runs[0]['tc_batch_objects']}; shaperd's diff of that device against its "
               f"plan: {runs[0]['tc_batch_vs_plan'] or 'empty'}" + (f"\nWARNING: {other[:5]}" if other else ""))
-        if prof is not None:
-            print_profile(prof)
+        if "stages_first" in runs[-1]:
+            print_stages(runs[-1])
     bad = not (res["ratios"]["first_ok"] and res["ratios"]["resync_ok"])
     return 1 if bad else 0
 

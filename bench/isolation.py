@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Isolation benchmark: the source design's table on real namespaces, repeated.
 
-Builds the shaperd test bed (see ``shaperd/bed``), runs every scenario in
+Builds the shaperd test bed (``shaperd_bed``, in testbed/), runs every scenario in
 every mode (unshaped, shaperd, hand-written tc) ``--repeats`` times with
 ``--duration`` seconds of traffic per measurement, and prints markdown for
 BENCHMARKS.md: mean +- stdev (min..max) over the repeats, the targets, and
 the command that reproduces it.  ``--capacity`` takes several values to sweep
 shaperd's node.capacity against the fixed emulated link (headroom finding).
 
-Needs root, iproute2, iperf3, ping.  Typical: 3 repeats x 8 s = about 12 min.
+Needs root, iproute2, iperf3, ping, and the bed installed (scripts/setup: .venv has it).
+Typical: 3 repeats x 8 s = about 12 min.
 """
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shaperd.bed import report, shaping  # noqa: E402
-from shaperd.bed.parse import summarize  # noqa: E402
-from shaperd.bed.scenarios import MODES, SCENARIOS, Settings, run_all  # noqa: E402
-from shaperd.bed.topology import Bed, BedConfig  # noqa: E402
+from shaperd_bed import report, shaping  # noqa: E402
+from shaperd_bed.parse import summarize  # noqa: E402
+from shaperd_bed.scenarios import MODES, SCENARIOS, Settings, run_all  # noqa: E402
+from shaperd_bed.topology import Bed, BedConfig  # noqa: E402
 
 
 def _stat(vals: list[float | None], nd: int = 1, unit: str = "") -> str:

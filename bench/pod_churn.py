@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Benchmark: pod create/delete churn ends with fresh-start kernel state and flat memory.
+"""Benchmark: memory and timing of pod create/delete churn through the daemon.
 
-    sudo /tmp/venv/bin/python bench/pod_churn.py [--cycles 1000] [--steady 20] [--mode daemon|inprocess]
-                                                 [--order alternate|api-first|veth-first] [--no-tracemalloc] [--json]
+    sudo .venv/bin/python bench/pod_churn.py [--cycles 1000] [--steady 20] [--mode daemon|inprocess]
+                                             [--order alternate|api-first|veth-first] [--no-tracemalloc] [--json]
 
 The issue's target: "a churn benchmark of 1,000 pod create/delete cycles ends
 with exactly the kernel state a fresh start would make, and with flat memory".
+The end-state half is a test with asserts
+(tests/integration/test_pod_churn.py); this measures the memory half.
 
 Bed: a node namespace with an uplink ``up0`` (to a peer namespace) shaped by
-shaperd, and routed-veth "pods" as Calico makes them: host side ``cs<i>`` /
-``cc<i>`` in the node namespace with a /32 and a /128 route to the pod's
-addresses, pod side in one shared pods namespace (no traffic is sent, so the
-pods need no namespace of their own). ``--steady`` pods (default 20: tenant-a
-by label, tenant-b by namespace, every fifth in no tenant) stay the whole run.
+shaperd, and routed-veth "pods" as Calico makes them (tests/routed_pods.py:
+host side in the node namespace with a /32 and a /128 route, pod side in one
+shared pods namespace; no traffic is sent). ``--steady`` pods (default 20:
+tenant-a by label, tenant-b by namespace, every fifth in no tenant) stay the
+whole run. Namespaces and processes through shaperd_bed.netns.
 
 ``--mode daemon`` (default): the real daemon (``shaperd run --netns NODE
 --node-name node-1 --kubeconfig K --metrics-address ...``) follows a fake
@@ -29,18 +31,6 @@ through a Reconciler in this process fed a mutable pod list (test_pods.py's
 way), memory of this process; it isolates the reconcile path from the
 watcher, HTTP and sampler threads.
 
-At the end (daemon stopped, enforcement left in place):
-a. a fresh Reconciler's diff of the churned node against the steady pods must
-   be empty (0 operations);
-b. the normalised kernel state of the node (every qdisc, HTB class with its
-   parameters, filter by (device, parent, prio, protocol, kind, u32 keys,
-   classid, bpf name, flags) with kernel-chosen u32 handles dropped but empty
-   u32 hash tables and bare filter chains kept, mark programs per interface)
-   is snapshotted, shaperd's tree is torn down, a fresh Reconciler applies the
-   same config and pods, and the state is snapshotted again: both must be
-   equal. The state right after the steady pods converged (before churn) is
-   compared too.
-
 Nothing is asserted; the results are printed (or one JSON document). All
 namespaces and the daemon are removed even on failure, Ctrl-C or SIGTERM.
 """
@@ -48,14 +38,11 @@ namespaces and the daemon are removed even on failure, Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import argparse
-import collections
-import ipaddress
 import json
 import os
 import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -69,25 +56,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from shaperd_bed import netns  # noqa: E402
+from tests.routed_pods import (CFG, NODE_NAME, Kernel, PodSpec, add_routed_pods, build_node,  # noqa: E402
+                               enforced, gone, remove_routed_pod, tenant_for)
+
 PY = sys.executable
-NODE_NAME = "node-1"
-CFG = """
-node: {interfaces: [up0], capacity: 10Gbps}
-tenants:
-  - {name: tenant-a, bandwidthGuarantee: 4Gbps, bandwidthLimit: 6Gbps, priority: 100}
-  - {name: tenant-b, bandwidthGuarantee: 2Gbps, bandwidthLimit: 4Gbps, priority: 50, match: {namespaces: [team-b]}}
-"""
 SAMPLE_EVERY = 50
+DAEMON_DEADLINE_S = 4 * 3600.0  # 1,000 cycles take minutes; only a hung run reaches this
 
 
 # ------------------------------------------------------------------ small helpers
-
-
-def run(*argv: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-    cp = subprocess.run(argv, capture_output=True, text=True, input=input)
-    if check and cp.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: exit {cp.returncode}: {cp.stderr.strip()[-2000:]}")
-    return cp
 
 
 def summary(xs: list[float]) -> dict:
@@ -132,318 +110,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ itself,
 from _signals import sigterm_as_exit  # noqa: E402
 
 
-# ------------------------------------------------------------------ pods
-
-
-@dataclass
-class PodSpec:
-    """One pod: its API object and its routed veth (host side ``host_if`` in the node namespace)."""
-
-    kind: str  # "s" steady/background, "c" churn, "t" latency trial
-    idx: int
-    tenant: str | None
-    uid: str = ""
-    ip4: str = ""
-    ip6: str = ""
-
-    def __post_init__(self):
-        self.uid = self.uid or f"{self.kind}{self.idx:06d}-0000-4000-8000-{os.getpid():012d}"
-        if not self.ip4:
-            # steady/trial pods: 198.19.0.1.. ; churn pods reuse a pool of 200 addresses (as clusters do)
-            n = self.idx % 200 if self.kind == "c" else self.idx
-            base = {"s": 0, "t": 150, "c": 250}[self.kind] * 200 + n
-            self.ip4 = f"198.19.{base // 200}.{base % 200 + 1}"
-            self.ip6 = f"2001:db8:19:{ {'s': 0, 't': 1, 'c': 2}[self.kind] }::{n + 1:x}"
-
-    @property
-    def name(self) -> str:
-        return f"{ {'s': 'steady', 't': 'trial', 'c': 'churn'}[self.kind] }-{self.idx}"
-
-    @property
-    def host_if(self) -> str:
-        return f"c{self.kind}{self.idx}"
-
-    @property
-    def peer_if(self) -> str:
-        return f"p{self.kind}{self.idx}"
-
-    @property
-    def namespace(self) -> str:
-        return "team-b" if self.tenant == "tenant-b" else "team-a"
-
-    @property
-    def labels(self) -> dict:
-        return {"training-tenant": "tenant-a"} if self.tenant == "tenant-a" else {"app": "x"}
-
-    @property
-    def ips(self) -> tuple[str, str]:
-        return (self.ip4, self.ip6)
-
-    def api_object(self) -> dict:
-        from tests.k8s_fake import make_pod
-
-        return make_pod(self.name, NODE_NAME, namespace=self.namespace, ips=self.ips, labels=self.labels,
-                        uid=self.uid)
-
-    def info(self):
-        from shaperd.discovery.kubernetes import PodInfo
-
-        return PodInfo.from_dict(self.api_object())
-
-
-def tenant_for(i: int) -> str | None:
-    """Steady pods: every fifth in no tenant, the others alternating tenant-a / tenant-b."""
-    if i % 5 == 4:
-        return None
-    return "tenant-a" if i % 2 == 0 else "tenant-b"
-
-
-# ------------------------------------------------------------------ namespaces
-
-
-class Bed:
-    """node namespace (up0 shaped), peer namespace (up1), pods namespace (pod ends of the veths)."""
-
-    def __init__(self, tag: str):
-        self.tag = tag
-        self.node, self.peer, self.pods = f"{tag}-node", f"{tag}-peer", f"{tag}-pods"
-        self.created: list[str] = []
-        self.owner = os.getpid()
-
-    def ns(self, name: str) -> str:
-        run("ip", "netns", "add", name)
-        self.created.append(name)
-        for key in ("all", "default"):
-            run("ip", "netns", "exec", name, "sysctl", "-qw", f"net.ipv6.conf.{key}.accept_dad=0")
-        run("ip", "-n", name, "link", "set", "lo", "up")
-        return name
-
-    def build(self) -> "Bed":
-        for n in (self.node, self.peer, self.pods):
-            self.ns(n)
-        run("ip", "netns", "exec", self.node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-        run("ip", "-n", self.node, "link", "add", "up0", "type", "veth", "peer", "name", "up1", "netns", self.peer)
-        run("ip", "-n", self.node, "addr", "add", "198.18.0.1/24", "dev", "up0")
-        run("ip", "-n", self.node, "addr", "add", "2001:db8:1::1/64", "dev", "up0", "nodad")
-        run("ip", "-n", self.peer, "addr", "add", "198.18.0.2/24", "dev", "up1")
-        run("ip", "-n", self.node, "link", "set", "up0", "up")
-        run("ip", "-n", self.peer, "link", "set", "up1", "up")
-        run("ip", "-n", self.node, "route", "add", "default", "via", "198.18.0.2")
-        return self
-
-    def add_veths(self, pods: list[PodSpec]) -> None:
-        """Routed veths for ``pods``: two ip(8) batches whatever their number."""
-        if not pods:
-            return
-        node = []
-        for p in pods:
-            node += [f"link add {p.host_if} type veth peer name {p.peer_if} netns {self.pods}",
-                     f"link set {p.host_if} up",
-                     f"route add {p.ip4}/32 dev {p.host_if} scope link",
-                     f"route add {p.ip6}/128 dev {p.host_if}"]
-        run("ip", "-n", self.node, "-batch", "-", input="\n".join(node) + "\n")
-        run("ip", "-n", self.pods, "-batch", "-", input="\n".join(f"link set {p.peer_if} up" for p in pods) + "\n")
-
-    def del_veth(self, pod: PodSpec) -> None:
-        run("ip", "-n", self.node, "link", "del", pod.host_if)
-
-    def cleanup(self) -> None:
-        if os.getpid() != self.owner:
-            return
-        for n in reversed(self.created):
-            run("ip", "netns", "del", n, check=False)
-        self.created.clear()
-
-
-# ------------------------------------------------------------------ kernel probes (bench side)
-
-
-class Kernel:
-    """The bench's own rtnetlink socket in the node namespace: polls and snapshots (one socket only:
-    two pyroute2 sockets open at once in one thread can hang pyroute2 0.9's event loop)."""
-
-    def __init__(self, netns: str):
-        from shaperd.kernel import tc
-
-        self.netns = netns
-        self.ipr = tc.open_netlink(netns)
-        self._idx: dict[str, int] = {}
-        self._readers: list = []
-
-    def close(self) -> None:
-        for r in self._readers:
-            r.close()
-        self.ipr.close()
-
-    def reconciler(self, caps, pods_source):
-        """A new Reconciler acting in the node namespace (writes on our pyroute2 socket; reads, where the
-        Reconciler takes a reader, on a new raw reader in the same namespace: its default is this process's)."""
-        import inspect
-
-        from shaperd.reconciler import Reconciler
-
-        kw = {}
-        if "reader" in inspect.signature(Reconciler).parameters:
-            from shaperd.kernel.tcstats import StatsReader
-
-            kw["reader"] = StatsReader(self.netns)
-            self._readers.append(kw["reader"])
-        return Reconciler(self.ipr, caps, pods_source=pods_source, **kw)
-
-    def ifindex(self, name: str) -> int | None:
-        if name not in self._idx:
-            found = self.ipr.link_lookup(ifname=name)
-            if not found:
-                return None
-            self._idx[name] = found[0]
-        return self._idx[name]
-
-    def forget(self, name: str) -> None:
-        self._idx.pop(name, None)
-
-    def mark_name(self, ifindex: int | None) -> str | None:
-        """shaperd's mark program on ``ifindex``'s clsact ingress, or None."""
-        from pyroute2.netlink.exceptions import NetlinkError
-
-        if ifindex is None:
-            return None
-        try:
-            filters = list(self.ipr.get_filters(index=ifindex, parent=INGRESS))
-        except NetlinkError:
-            return None  # no clsact qdisc yet, or the interface is gone
-        for f in filters:
-            d = decode_filter(f)
-            if d["kind"] == "bpf" and d.get("name", "").startswith("shpdm_") and d["prio"] == PRIO_MARK:
-                return d["name"]
-        return None
-
-    def u32_on_uplink(self) -> set[tuple]:
-        """(keys, classid) of every u32 node on up0's root."""
-        from pyroute2.netlink.exceptions import NetlinkError
-
-        try:
-            filters = list(self.ipr.get_filters(index=self.ifindex("up0"), parent=HTB_ROOT))
-        except NetlinkError:
-            return set()
-        return {(d["keys"], d["classid"]) for d in map(decode_filter, filters) if "keys" in d}
-
-    def state(self) -> dict[str, list]:
-        """Normalised kernel state of the node: comparable across a teardown and a fresh apply.
-
-        Decoded here with pyroute2 (not shaperd's reader), so the check does not trust what it checks."""
-        from pyroute2.netlink.exceptions import NetlinkError
-
-        names = {l["index"]: l.get_attr("IFLA_IFNAME") for l in self.ipr.get_links()}
-        qdiscs, classes, filters = [], [], []
-        parents: dict[int, set[int]] = collections.defaultdict(set)
-        for q in self.ipr.get_qdiscs():
-            kind, dev = q.get_attr("TCA_KIND"), names.get(q["index"], str(q["index"]))
-            h = q["handle"]
-            handle = "auto" if 0x8000 <= (h >> 16) < 0xFFFF else f"{h:x}"  # kernel-numbered (mq children)
-            opts = q.get_attr("TCA_OPTIONS")
-            extra: tuple = ()
-            if kind == "htb":
-                init = opts.get_attr("TCA_HTB_INIT") if opts is not None else None
-                extra = ("defcls", init["defcls"] if init else None)
-                parents[q["index"]].add(h)
-            elif kind in ("bfifo", "pfifo"):
-                extra = ("limit", int(opts.get("limit", 0)) if opts is not None else None)
-            elif kind == "fq_codel":
-                extra = ("limit", opts.get_attr("TCA_FQ_CODEL_LIMIT") if opts is not None else None)
-            elif kind == "clsact":
-                parents[q["index"]].update((INGRESS, EGRESS))
-            qdiscs.append((dev, f"{q['parent']:x}", handle, kind, extra))
-        htb_devs = sorted({q["index"] for q in self.ipr.get_qdiscs() if q.get_attr("TCA_KIND") == "htb"})
-        for c in (c for idx in htb_devs for c in self.ipr.get_classes(index=idx)):
-            if c.get_attr("TCA_KIND") != "htb":
-                continue
-            opts = c.get_attr("TCA_OPTIONS")
-            parms = opts.get_attr("TCA_HTB_PARMS") if opts is not None else None
-            if parms is None:
-                continue
-            rate = opts.get_attr("TCA_HTB_RATE64") or parms["rate"]
-            ceil = opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"]
-            classes.append((names.get(c["index"]), f"{c['handle']:x}", f"{c['parent']:x}", rate, ceil,
-                            parms["buffer"], parms["cbuffer"], parms["quantum"], parms["prio"]))
-        for idx, ps in sorted(parents.items()):
-            for parent in sorted(ps):
-                try:
-                    dump = list(self.ipr.get_filters(index=idx, parent=parent))
-                except NetlinkError:
-                    continue
-                for f in dump:
-                    d = decode_filter(f)
-                    base = (names.get(idx), f"{parent:x}", d["prio"], f"{d['protocol']:04x}", d["kind"])
-                    if d["node"] == "node" and d["kind"] == "u32":
-                        filters.append(base + ("node", d["keys"], f"{d['classid']:x}", d.get("mark")))
-                    elif d["node"] == "node" and d["kind"] == "bpf":
-                        filters.append(base + (f"{d['handle']:x}", d["name"], f"{d['classid']:x}", d["flags"]))
-                    elif d["node"] == "node":
-                        filters.append(base + (f"{d['handle']:x}",))
-                    else:  # the bare chain (tcf_proto) or a u32 hash table: kept, so a leftover empty one shows
-                        filters.append(base + (d["node"], d.get("divisor")))
-        return {"qdiscs": sorted(qdiscs, key=repr), "classes": sorted(classes, key=repr),
-                "filters": sorted(filters, key=repr)}
-
-
-HTB_ROOT = 0x73680000
-INGRESS, EGRESS = 0xFFFFFFF2, 0xFFFFFFF3
-PRIO_MARK = 0x7368
-
-
-def decode_filter(f) -> dict:
-    """The fields of one filter message the comparison needs (u32 selector decoded from raw bytes:
-    pyroute2 0.9 misaligns its keys)."""
-    kind = f.get_attr("TCA_KIND")
-    info = f["info"]
-    d = {"kind": kind, "prio": info >> 16, "protocol": socket.ntohs(info & 0xFFFF), "handle": f["handle"]}
-    opts = f.get_attr("TCA_OPTIONS")
-    if f["handle"] == 0 or opts is None:
-        d["node"] = "chain"
-        return d
-    if kind == "u32":
-        if f["handle"] & 0xFFF == 0:
-            d["node"] = "hashtable"
-            d["divisor"] = opts.get_attr("TCA_U32_DIVISOR")
-            return d
-        d["node"] = "node"
-        d["classid"] = opts.get_attr("TCA_U32_CLASSID") or 0
-        mark = opts.get_attr("TCA_U32_MARK")
-        d["mark"] = (mark["val"], mark["mask"]) if mark else None
-        sel = opts.get_attr("TCA_U32_SEL")
-        keys = []
-        if sel is not None:
-            raw = bytes(sel.data[sel.offset + 4: sel.offset + sel.length])
-            for i in range(raw[2]):
-                chunk = raw[16 + 16 * i: 32 + 16 * i]
-                mask, val = struct.unpack("!II", chunk[:8])
-                off, _offmask = struct.unpack("=ii", chunk[8:])
-                keys.append((val, mask, off))
-        d["keys"] = tuple(sorted(keys, key=lambda k: k[2]))
-        return d
-    d["node"] = "node"
-    if kind == "bpf":
-        d["name"] = opts.get_attr("TCA_BPF_NAME") or ""
-        d["classid"] = opts.get_attr("TCA_BPF_CLASSID") or 0
-        d["flags"] = opts.get_attr("TCA_BPF_FLAGS")
-    return d
-
-
-def state_diff(a: dict, b: dict) -> dict:
-    """Multiset difference per section: what only ``a`` has and what only ``b`` has."""
-    out = {}
-    for k in a:
-        ca, cb = collections.Counter(map(repr, a[k])), collections.Counter(map(repr, b[k]))
-        only_a, only_b = sorted((ca - cb).elements()), sorted((cb - ca).elements())
-        if only_a or only_b:
-            out[k] = {"only_first": only_a, "only_second": only_b}
-    return out
-
-
-def state_counts(s: dict) -> dict:
-    return {k: len(v) for k, v in s.items()}
-
-
 # ------------------------------------------------------------------ the daemon (and its tracemalloc wrapper)
 
 
@@ -461,8 +127,8 @@ def daemon_child(argv: list[str]) -> int:
 
     from shaperd.cli import main
 
-    for mod in ("shaperd.daemon", "shaperd.reconciler", "shaperd.discovery.kubernetes", "shaperd.kernel.events",
-                "shaperd.kernel.bpf", "shaperd.kernel.tcstats", "shaperd.kernel.probe", "shaperd.report.metrics",
+    for mod in ("shaperd.engine.daemon", "shaperd.engine.reconciler", "shaperd.discovery.kubernetes", "shaperd.kernel.events",
+                "shaperd.kernel.bpf", "shaperd.kernel.rtnl", "shaperd.kernel.probe", "shaperd.report.metrics",
                 "shaperd.report.http", "shaperd.report.sampler", "kubernetes.client", "kubernetes.watch",
                 "prometheus_client"):
         importlib.import_module(mod)
@@ -511,14 +177,6 @@ def daemon_child(argv: list[str]) -> int:
     return main(args)
 
 
-def _die_with_parent() -> None:
-    """In the daemon child before exec: SIGKILL it if the benchmark dies (PR_SET_PDEATHSIG), so a killed
-    run leaves no daemon behind (pyroute2 would even re-create its deleted namespace)."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-
-
 def _self_rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -527,7 +185,7 @@ def _self_rss() -> int:
 class Daemon:
     """``shaperd run`` against the fake API, in the host namespace acting in the node's."""
 
-    def __init__(self, bed: Bed, workdir: Path, api_url: str, tracemalloc_frames: int = 0,
+    def __init__(self, node_ns: str, workdir: Path, api_url: str, tracemalloc_frames: int = 0,
                  resync_s: float = 30.0):
         from tests.k8s_fake import write_kubeconfig
 
@@ -538,13 +196,14 @@ class Daemon:
         self.port = free_port()
         self.log_path = workdir / "daemon.log"
         self.log = open(self.log_path, "w")
-        args = ["--log-json", "run", "--config", str(self.cfg), "--netns", bed.node, "--node-name", NODE_NAME,
+        args = ["--log-json", "run", "--config", str(self.cfg), "--netns", node_ns, "--node-name", NODE_NAME,
                 "--kubeconfig", str(kubeconfig), "--resync-interval", str(resync_s),
                 "--metrics-address", f"127.0.0.1:{self.port}"]
-        self.proc = subprocess.Popen([PY, str(Path(__file__).resolve()), "--daemon-child", str(tracemalloc_frames),
-                                      "--", *args],
-                                     stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, text=True,
-                                     preexec_fn=_die_with_parent)
+        # Own process group, SIGKILLed if the benchmark dies (a killed run leaves no daemon behind:
+        # pyroute2 would even re-create its deleted namespace) or passes the deadline.
+        self.proc = netns.spawn([PY, str(Path(__file__).resolve()), "--daemon-child", str(tracemalloc_frames),
+                                 "--", *args], deadline_s=DAEMON_DEADLINE_S,
+                                stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT)
         import psutil
 
         self.ps = psutil.Process(self.proc.pid)
@@ -561,7 +220,8 @@ class Daemon:
             raise RuntimeError(f"daemon never became ready; log tail:\n{self.tail()}")
 
     def tail(self, n: int = 3000) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return self.log_path.read_text()[-n:]
 
     def memory(self) -> dict:
@@ -590,42 +250,16 @@ class Daemon:
         return out
 
     def stop(self) -> int | None:
+        """SIGTERM (the daemon's own exit, its code is reported), then its whole group goes."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
+                pass
+        netns.stop(self.proc, 0)
         self.log.close()
         return self.proc.returncode
-
-
-# ------------------------------------------------------------------ waiting for shaperd
-
-
-def expected_u32(pod: PodSpec) -> set[tuple]:
-    from shaperd.planner import assign_minors
-    from shaperd.state import ROOT_HANDLE, src_prefix_keys
-
-    minors = assign_minors(["tenant-a", "tenant-b"])
-    cid = ROOT_HANDLE | minors[pod.tenant]
-    return {(tuple(sorted(((k.value, k.mask, k.offset) for k in src_prefix_keys(ipaddress.ip_network(ip))),
-                          key=lambda k: k[2])), cid) for ip in pod.ips}
-
-
-def enforced(k: Kernel, pod: PodSpec) -> bool:
-    return k.mark_name(k.ifindex(pod.host_if)) is not None and expected_u32(pod) <= k.u32_on_uplink()
-
-
-def gone(k: Kernel, pod: PodSpec, veth_present: bool) -> bool:
-    if veth_present and k.mark_name(k.ifindex(pod.host_if)) is not None:
-        return False
-    return not (expected_u32(pod) & k.u32_on_uplink())
 
 
 # ------------------------------------------------------------------ the churn
@@ -648,14 +282,14 @@ class Result:
     reconciles: dict = field(default_factory=dict)
 
 
-def churn(args, bed: Bed, caps, workdir: Path, out: Result) -> None:
+def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> None:
     from shaperd.config import load_text
 
     cfg = load_text(CFG)
     steady = [PodSpec("s", i, tenant_for(i)) for i in range(args.steady)]
-    bed.add_veths(steady)
+    add_routed_pods(node, pods_ns, steady)
     api = daemon = None
-    k = Kernel(bed.node)
+    k = Kernel(node)
     pods: list = []  # inprocess: what the "watcher" reports
     rec = None
     try:
@@ -665,7 +299,7 @@ def churn(args, bed: Bed, caps, workdir: Path, out: Result) -> None:
             api = FakeKubeAPI()
             for p in steady:
                 api.add_pod(p.api_object())
-            daemon = Daemon(bed, workdir, api.url, args.tracemalloc_frames)
+            daemon = Daemon(node, workdir, api.url, args.tracemalloc_frames)
             daemon.wait_ready()
         else:
             rec = k.reconciler(caps, lambda: pods)
@@ -674,8 +308,7 @@ def churn(args, bed: Bed, caps, workdir: Path, out: Result) -> None:
         tenant_steady = [p for p in steady if p.tenant]
         if not wait_until(lambda: all(enforced(k, p) for p in tenant_steady), 30, 0.05):
             raise RuntimeError("steady pods never enforced" + (f"\n{daemon.tail()}" if daemon else ""))
-        time.sleep(0.5 if daemon else 0)
-        before_churn = k.state()
+        time.sleep(0.5 if daemon else 0)  # start-up reconciles and their echoes pass before the first sample
 
         if args.mode == "inprocess" and args.tracemalloc_frames:
             import tracemalloc
@@ -705,7 +338,7 @@ def churn(args, bed: Bed, caps, workdir: Path, out: Result) -> None:
         for c in range(1, args.cycles + 1):
             t_cycle = time.perf_counter()
             pod = PodSpec("c", c, "tenant-a" if c % 2 else "tenant-b")
-            bed.add_veths([pod])
+            add_routed_pods(node, pods_ns, [pod])
             t_add = time.perf_counter()
             if api is not None:
                 api.add_pod(pod.api_object())
@@ -718,7 +351,7 @@ def churn(args, bed: Bed, caps, workdir: Path, out: Result) -> None:
             t_del = time.perf_counter()
             api_first = order_api_first(c)
             if not api_first:
-                bed.del_veth(pod)
+                remove_routed_pod(node, pod)
                 k.forget(pod.host_if)
                 if rec is not None:
                     rec.apply(cfg)  # the link event
@@ -730,7 +363,7 @@ def churn(args, bed: Bed, caps, workdir: Path, out: Result) -> None:
             if not wait_until(lambda: gone(k, pod, api_first), 10):
                 out.timeouts += 1
             if api_first:
-                bed.del_veth(pod)
+                remove_routed_pod(node, pod)
                 k.forget(pod.host_if)
                 if rec is not None:
                     rec.apply(cfg)  # the link event
@@ -766,30 +399,6 @@ def churn(args, bed: Bed, caps, workdir: Path, out: Result) -> None:
             import tracemalloc
 
             tracemalloc.stop()
-
-        # ---- the end state against a fresh start
-        infos = [p.info() for p in steady]
-        fresh = k.reconciler(caps, lambda: infos)
-        rep = fresh.diff(cfg)
-        ops = [f"{op.device}: {op.describe()} ({op.reason})" for d in rep.devices for op in d.ops]
-        out.checks["fresh_diff_ops"] = len(ops)
-        out.checks["fresh_diff"] = ops
-        churned = k.state()
-        out.checks["state_counts"] = state_counts(churned)
-        out.checks["vs_before_churn"] = state_diff(before_churn, churned)
-        td = k.reconciler(caps, lambda: infos).teardown()
-        out.checks["teardown_ops"] = sum(len(d.ops) for d in td.devices)
-        torn = k.state()
-        out.checks["after_teardown_shaperd_left"] = [
-            f for f in torn["filters"] if "shpd" in repr(f)] + [c for c in torn["classes"]] + [
-            q for q in torn["qdiscs"] if q[3] == "htb"]
-        rep2 = k.reconciler(caps, lambda: infos).apply(cfg)
-        out.checks["fresh_apply_ops"] = rep2.changes
-        out.checks["fresh_apply_ok"] = rep2.ok and not any(d.failed or d.error for d in rep2.devices)
-        restarted = k.state()
-        out.checks["vs_fresh_start"] = state_diff(churned, restarted)
-        out.checks["state_equal"] = not out.checks["vs_fresh_start"]
-        out.checks["fresh_diff_empty"] = not ops
     finally:
         if daemon is not None and daemon.proc.poll() is None:
             daemon.stop()
@@ -885,26 +494,6 @@ def print_human(doc: dict) -> None:
               f"{e.get('traced_current', 0) / 1024:.0f} KiB end; net growth {e.get('total_diff', 0) / 1024:+.1f} KiB")
         for g in e.get("top_growth", [])[:8]:
             print(f"    {g['size_diff'] / 1024:+8.1f} KiB {g['count_diff']:+6d} blocks  {' <- '.join(g['where'][:3])}")
-    print(f"  (a) fresh Reconciler diff on the churned node: {ch.get('fresh_diff_ops')} operation(s)")
-    for op in ch.get("fresh_diff", [])[:20]:
-        print(f"      {op}")
-    print(f"  (b) churned state {ch.get('state_counts')} vs teardown ({ch.get('teardown_ops')} ops) + fresh apply "
-          f"({ch.get('fresh_apply_ops')} ops, ok {ch.get('fresh_apply_ok')}): "
-          f"{'EQUAL' if ch.get('state_equal') else 'DIFFERENT'}")
-    for sect, d in ch.get("vs_fresh_start", {}).items():
-        for x in d["only_first"][:20]:
-            print(f"      {sect} only after churn:  {x}")
-        for x in d["only_second"][:20]:
-            print(f"      {sect} only after restart: {x}")
-    if ch.get("after_teardown_shaperd_left"):
-        print(f"      left after teardown: {ch['after_teardown_shaperd_left'][:10]}")
-    vb = ch.get("vs_before_churn", {})
-    print(f"  state after churn vs before churn: {'EQUAL' if not vb else 'DIFFERENT'}")
-    for sect, d in vb.items():
-        for x in d["only_first"][:10]:
-            print(f"      {sect} only before: {x}")
-        for x in d["only_second"][:10]:
-            print(f"      {sect} only after:  {x}")
     if ch.get("daemon_exit") not in (None, 0):
         print(f"  daemon exit {ch['daemon_exit']}:\n{ch.get('daemon_log_tail', '')}")
 
@@ -935,16 +524,14 @@ def main(argv: list[str] | None = None) -> int:
     if not caps.bpf:
         print("cls_bpf unavailable: no mark programs to churn", file=sys.stderr)
         return 2
-    bed = Bed(f"shpc{os.getpid() % 100000}")
     res = Result(mode=args.mode, steady=args.steady, order=args.order)
-    with sigterm_as_exit(), tempfile.TemporaryDirectory(prefix="shpd-churn-") as tmp:
+    with sigterm_as_exit(), tempfile.TemporaryDirectory(prefix="shpd-churn-") as tmp, netns.Namespaces() as nets:
         try:
-            bed.build()
-            churn(args, bed, caps, Path(tmp), res)
+            node, _peer, pods_ns = build_node(nets, f"shpc{os.getpid() % 100000}")
+            churn(args, node, pods_ns, caps, Path(tmp), res)
         finally:
             if args.keep_log and (Path(tmp) / "daemon.log").exists():
                 Path(args.keep_log).write_text((Path(tmp) / "daemon.log").read_text())
-            bed.cleanup()
     doc = report(res, args)
     if args.json:
         print(json.dumps(doc, indent=1, default=str))

@@ -9,7 +9,7 @@ the API event". Measured, not asserted.
 For each background size B (default 0 and 100): a node namespace with an
 uplink ``up0``, B + T routed veth "pods" created before the daemon starts
 (host side in the node namespace with /32 and /128 routes, pod side in a
-shared pods namespace; see bench/pod_churn.py), the B background pods in a
+shared pods namespace; tests/routed_pods.py), the B background pods in a
 fake Kubernetes API server (tests/k8s_fake.py), and the real daemon
 (``shaperd run --netns NODE --node-name node-1 --kubeconfig K
 --metrics-address ...``, resync 30 s, as deployed). Once it is ready and has
@@ -47,13 +47,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import pod_churn as pc  # noqa: E402  (bed, daemon, kernel polls: shared with the churn benchmark)
+import pod_churn as pc  # noqa: E402  (the daemon and summaries: shared with the churn benchmark)
+from shaperd_bed import netns  # noqa: E402
+from tests.routed_pods import (CFG, Kernel, PodSpec, add_routed_pods, build_node, enforced,  # noqa: E402
+                               expected_u32, tenant_for)
 
 POLL_S = 0.005
 
 
-def trial(api, k: pc.Kernel, pod: pc.PodSpec, poll_costs: list[float], timeout: float = 10.0) -> dict:
-    want = pc.expected_u32(pod)
+def trial(api, k: Kernel, pod: PodSpec, poll_costs: list[float], timeout: float = 10.0) -> dict:
+    want = expected_u32(pod)
     idx = k.ifindex(pod.host_if)
     out: dict = {}
     t0 = time.perf_counter()
@@ -90,26 +93,26 @@ def run_variant(background: int, trials: int, caps, workdir: Path, quiet: bool) 
     from shaperd.config import load_text
     from tests.k8s_fake import FakeKubeAPI
 
-    bed = pc.Bed(f"shpl{os.getpid() % 100000}b{background}")
+    nets = netns.Namespaces()
     api = daemon = k = None
     res: dict = {"background": background, "trials": []}
     try:
-        bed.build()
-        bg = [pc.PodSpec("s", i, pc.tenant_for(i)) for i in range(background)]
-        tr = [pc.PodSpec("t", i, "tenant-a" if i % 2 == 0 else "tenant-b") for i in range(trials)]
+        node, _peer, pods_ns = build_node(nets, f"shpl{os.getpid() % 100000}b{background}")
+        bg = [PodSpec("s", i, tenant_for(i)) for i in range(background)]
+        tr = [PodSpec("t", i, "tenant-a" if i % 2 == 0 else "tenant-b") for i in range(trials)]
         t = time.perf_counter()
-        bed.add_veths(bg + tr)
+        add_routed_pods(node, pods_ns, bg + tr)
         res["veth_setup_s"] = time.perf_counter() - t
         api = FakeKubeAPI()
         for p in bg:
             api.add_pod(p.api_object())
-        k = pc.Kernel(bed.node)
-        daemon = pc.Daemon(bed, workdir, api.url, tracemalloc_frames=0)
+        k = Kernel(node)
+        daemon = pc.Daemon(node, workdir, api.url, tracemalloc_frames=0)
         t = time.perf_counter()
         daemon.wait_ready(60)
         res["ready_s"] = time.perf_counter() - t
         tenant_bg = [p for p in bg if p.tenant]
-        if not pc.wait_until(lambda: all(pc.enforced(k, p) for p in tenant_bg), 60, 0.05):
+        if not pc.wait_until(lambda: all(enforced(k, p) for p in tenant_bg), 60, 0.05):
             raise RuntimeError(f"background pods never enforced\n{daemon.tail()}")
         res["background_enforced_s"] = time.perf_counter() - t
         time.sleep(1.0)  # let the start-up reconciles and their echoes pass
@@ -133,7 +136,7 @@ def run_variant(background: int, trials: int, caps, workdir: Path, quiet: bool) 
         res["daemon_exit"] = daemon.stop()
         # Afterwards: a fresh Reconciler finds nothing to do (the trial pods left nothing behind).
         infos = [p.info() for p in bg]
-        rep = k.reconciler(caps, lambda: infos).diff(load_text(pc.CFG))
+        rep = k.reconciler(caps, lambda: infos).diff(load_text(CFG))
         res["fresh_diff_ops"] = [f"{op.device}: {op.describe()} ({op.reason})" for d in rep.devices for op in d.ops]
     finally:
         if daemon is not None and daemon.proc.poll() is None:
@@ -142,7 +145,7 @@ def run_variant(background: int, trials: int, caps, workdir: Path, quiet: bool) 
             api.close()
         if k is not None:
             k.close()
-        bed.cleanup()
+        nets.cleanup()
     for key in ("classified_s", "mark_s", "u32_s", "gone_s", "mark_gone_s", "u32_gone_s"):
         xs = [r[key] * 1000 for r in res["trials"] if r[key] is not None]
         res[key.replace("_s", "_ms")] = pc.summary(xs)

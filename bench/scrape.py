@@ -10,7 +10,7 @@ metrics (report.metrics.Metrics behind report.http.MetricsServer on
 
 a. sample: one read of every shaperd class on every shaped device (a link
    dump, a qdisc dump, one class dump per device) through
-   kernel/tcstats.StatsReader -- what the daemon's sampler thread does every
+   kernel/rtnl.RtnlReader -- what the daemon's sampler thread does every
    0.5 s, off the scrape path;
 b. ingest: feeding that sample through the accounting (report.sampler) and
    publishing the new snapshot;
@@ -26,7 +26,7 @@ f. scrape_http_cached: ``GET /metrics`` again on the same snapshot (a second
 
 Prints median, min, p90 and max over the runs.
 Timings only; nothing is asserted (tests do not assert timings). The
-namespace is removed even on failure or Ctrl-C.
+namespace (shaperd_bed.netns) is removed even on failure or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,15 +43,14 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
+from shaperd_bed import netns
 
-from shaperd.kernel.tcstats import StatsReader
+from shaperd.backends.htb.backend import HtbBackend
+from shaperd.backends.htb.observe import read_counters
+from shaperd.kernel.rtnl import RtnlReader
 from shaperd.report.http import MetricsServer
 from shaperd.report.metrics import Metrics
-from shaperd.report.sampler import Sampler, Snapshot, targets_from_plan
-
-
-def run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, text=True)
+from shaperd.report.sampler import Sampler, Snapshot
 
 
 def config(tenants: int, devices: int) -> str:
@@ -77,26 +75,24 @@ def main() -> int:
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
-    ns = f"shpd-bench-scrape-{os.getpid()}"
-    run("ip", "netns", "add", ns)
-    try:
+    with netns.Namespaces() as nets:
+        ns = nets.add(f"shpd-bench-scrape-{os.getpid()}")
         for i in range(a.devices):
-            run("ip", "-n", ns, "link", "add", f"bs{i}", "type", "veth", "peer", "name", f"bsp{i}")
-            run("ip", "-n", ns, "link", "set", f"bs{i}", "up")
-            run("ip", "-n", ns, "link", "set", f"bsp{i}", "up")
+            netns.veth(f"bs{i}", ns, f"bsp{i}", ns)
         with tempfile.TemporaryDirectory() as d:
             cfg = Path(d) / "tenants.yaml"
             cfg.write_text(config(a.tenants, a.devices))
-            run("ip", "netns", "exec", ns, sys.executable, "-m", "shaperd", "--log-level", "error", "apply",
-                "--config", str(cfg))
+            netns.run([sys.executable, "-m", "shaperd", "--log-level", "error", "apply", "--config", str(cfg)], ns,
+                      timeout=120)
             from shaperd.cli import _reconciler  # the plan, to label classes as the daemon does
             from shaperd.config import load_file
 
-            args = argparse.Namespace(netns=ns, take_over=False, sysfs_root="/sys")
+            args = argparse.Namespace(netns=ns, take_over=False, sysfs_root="/sys", procfs_root="/proc",
+                                      run_root="/run", kubelet_root="/var/lib/kubelet")
             plan = _reconciler(args, probe=False).plan(load_file(cfg))
-        reader = StatsReader(ns)
-        sampler = Sampler(reader.sample)  # its thread is not started: the runs below sample in turn
-        sampler.set_targets(targets_from_plan(plan))
+        reader = RtnlReader(ns)
+        sampler = Sampler(lambda: read_counters(reader))  # its thread is not started: the runs below sample in turn
+        sampler.set_targets(HtbBackend(None).stats(plan.desired["htb"]).targets)
         metrics = Metrics(sampler, CollectorRegistry())
         server = MetricsServer("127.0.0.1:0", metrics)
         server.start()
@@ -118,7 +114,7 @@ def main() -> int:
 
         def new_snapshot() -> dict:
             t0 = time.perf_counter()
-            stats = reader.sample()
+            stats = read_counters(reader)
             t1 = time.perf_counter()
             sampler.acc.ingest(time.monotonic(), stats, sampler.targets)
             prev = sampler.snapshot
@@ -155,8 +151,6 @@ def main() -> int:
             series = sum(1 for l in body.splitlines() if l and not l.startswith(b"#"))
         server.stop()
         reader.close()
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     res = {"tenants": a.tenants, "devices": a.devices, "classes_read": classes, "series": series,
            "exposition_bytes": size, "runs": a.runs}
     for name, xs in t.items():

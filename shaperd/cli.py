@@ -191,9 +191,19 @@ def cmd_top(args) -> int:
     return top.main(args)
 
 
-def cmd_demo(args) -> int:
-    from .bed import demo
+BED_MISSING = ("shaperd demo: the test bed is not installed; it is a separate distribution in this "
+               "repository (shaperd-testbed, kept out of the agent's install and image): "
+               "pip install ./testbed, or run sudo ./scripts/demo")
 
+
+def cmd_demo(args) -> int:
+    try:
+        from shaperd_bed import demo
+    except ModuleNotFoundError as e:
+        if e.name != "shaperd_bed":
+            raise  # the bed is there but broken: show the real error
+        print(BED_MISSING, file=sys.stderr)
+        return 2
     return demo.run(args)
 
 
@@ -272,13 +282,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_rdma.register(sub, node_opts)
 
-    p = sub.add_parser("demo", help="build a namespace test bed and measure isolation (root)")
     try:
-        from .bed import demo
-
-        demo.add_arguments(p)
+        from shaperd_bed import demo  # the separate shaperd-testbed distribution, imported only here
     except ImportError:
-        pass
+        # Without the bed, take any arguments (no option parsing at all) so that cmd_demo can
+        # say how to install it instead of argparse rejecting the bed's options.
+        p = sub.add_parser("demo", help="build a namespace test bed and measure isolation (root; needs "
+                           "pip install ./testbed)", prefix_chars="\0", add_help=False)
+        p.add_argument("bed_args", nargs="*")
+    else:
+        p = sub.add_parser("demo", help="build a namespace test bed and measure isolation (root)")
+        demo.add_arguments(p)
     p.set_defaults(fn=cmd_demo)
     return ap
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from shaperd_bed import netns
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -38,60 +38,65 @@ for _ in range(count):
 
 
 def run(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, check=check, capture_output=True, text=True, **kw)
+    """A short command in this namespace (``netns.run``: own process group, deadline, text output)."""
+    return netns.run(argv, check=check, **kw)
 
 
 class Bed:
-    """A node namespace with an uplink veth to a peer namespace (and optional pods)."""
+    """A node namespace with an uplink veth to a peer namespace (and optional pods).
+
+    A thin user of ``shaperd_bed.netns``: the namespaces and every process
+    started here (``start_daemon``, or handed over with ``procs.append``) are
+    ended and removed by ``cleanup``, also when the test failed.
+    """
+
+    DAEMON_DEADLINE_S = 600.0  # far beyond any test; a hung test's daemon still ends
 
     def __init__(self, tag: str):
         self.tag = tag
         self.node = f"{tag}-node"
         self.peer = f"{tag}-peer"
-        self.namespaces: list[str] = []
-        self.procs: list[subprocess.Popen] = []
+        self.nets = netns.Namespaces(stop_grace_s=0)  # tests need no graceful exit: KILL at once
+        self.procs = self.nets.procs
+
+    @property
+    def namespaces(self) -> list[str]:
+        return self.nets.names
 
     def ns(self, name: str) -> str:
-        run("ip", "netns", "add", name)
-        self.namespaces.append(name)
-        for key in ("all", "default"):
-            run("ip", "netns", "exec", name, "sysctl", "-qw", f"net.ipv6.conf.{key}.accept_dad=0")
-        run("ip", "-n", name, "link", "set", "lo", "up")
-        return name
+        return self.nets.add(name)
 
     def build(self) -> "Bed":
         self.ns(self.node)
         self.ns(self.peer)
-        run("ip", "-n", self.node, "link", "add", "up0", "type", "veth", "peer", "name", "up1", "netns", self.peer)
+        netns.veth("up0", self.node, "up1", self.peer)
         self.addr(self.node, "up0", "198.18.0.1/24", "198.18.1.1/24", "198.18.2.1/24", "198.18.3.1/24",
                   "2001:db8:1::1/64")
         self.addr(self.peer, "up1", "198.18.0.2/24", "2001:db8:1::2/64")
-        run("ip", "-n", self.node, "link", "set", "up0", "up")
-        run("ip", "-n", self.peer, "link", "set", "up1", "up")
         run("ip", "-n", self.node, "route", "add", "default", "via", "198.18.0.2")
         # Static neighbours: no ARP/ND chatter in the counters.
-        peer_mac = json.loads(run("ip", "-n", self.peer, "-j", "link", "show", "up1").stdout)[0]["address"]
-        run("ip", "-n", self.node, "neigh", "replace", "198.18.0.2", "lladdr", peer_mac, "dev", "up0", "nud", "permanent")
-        run("ip", "-n", self.node, "neigh", "replace", "2001:db8:1::2", "lladdr", peer_mac, "dev", "up0", "nud", "permanent")
+        peer_mac = netns.link(self.peer, "up1")["address"]
+        netns.neigh(self.node, "up0", "198.18.0.2", peer_mac)
+        netns.neigh(self.node, "up0", "2001:db8:1::2", peer_mac)
         return self
 
     def addr(self, ns: str, dev: str, *cidrs: str) -> None:
-        for c in cidrs:
-            run("ip", "-n", ns, "addr", "add", c, "dev", dev, *(["nodad"] if ":" in c else []))
+        netns.addr(ns, dev, *cidrs)
 
     def exec(self, *argv: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        return run("ip", "netns", "exec", ns or self.node, *argv, check=check)
+        return netns.run(argv, ns or self.node, check=check)
 
     def shaperd(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
         return self.exec(PY, "-m", "shaperd", "--log-json", *args, check=check)
 
+    def spawn(self, argv: list[str], ns: str | None = None, **kw) -> subprocess.Popen:
+        """A long-running process (in *ns*; None: this namespace), ended by cleanup or its deadline."""
+        kw.setdefault("deadline_s", self.DAEMON_DEADLINE_S)
+        return self.nets.spawn(argv, ns, **kw)
+
     def start_daemon(self, config: Path, *extra: str) -> subprocess.Popen:
-        p = subprocess.Popen(
-            ["ip", "netns", "exec", self.node, PY, "-m", "shaperd", "--log-json", "run", "--config", str(config), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        self.procs.append(p)
-        return p
+        return self.spawn([PY, "-m", "shaperd", "--log-json", "run", "--config", str(config), *extra], self.node,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def send(self, src: str, dst: str, size: int, count: int, ns: str | None = None) -> None:
         self.exec(PY, "-c", SENDER, src, dst, str(size), str(count), ns=ns)
@@ -100,18 +105,7 @@ class Bed:
         return json.loads(self.exec("tc", "-j", "-s", *what).stdout or "[]")
 
     def cleanup(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait(timeout=10)
-        for ns in reversed(self.namespaces):
-            run("ip", "netns", "pids", ns, check=False)
-            for pid in run("ip", "netns", "pids", ns, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            run("ip", "netns", "del", ns, check=False)
+        self.nets.cleanup()
 
 
 @pytest.fixture

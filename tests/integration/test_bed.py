@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from shaperd.bed import scenarios as sc
-from shaperd.bed import shaping
-from shaperd.bed.parse import IperfResult, RttStats, Sample
-from shaperd.bed.topology import Bed, BedConfig, list_netns
-from shaperd.bed.traffic import FloodResult, RttProbe, TcpLoad, UdpFlood, measure
+from shaperd_bed import scenarios as sc
+from shaperd_bed import shaping
+from shaperd_bed.parse import IperfResult, RttStats, Sample
+from shaperd_bed.topology import Bed, BedConfig, list_netns
+from shaperd_bed.traffic import FloodResult, RttProbe, TcpLoad, UdpFlood, measure
 
 _missing = shaping.prerequisites() if hasattr(os, "geteuid") else ["not POSIX"]
 pytestmark = [pytest.mark.root,
@@ -88,9 +88,8 @@ def test_teardown_on_exception_and_idempotent():
 
 
 _CHILD = r"""
-import sys, time
-sys.path.insert(0, {repo!r})
-from shaperd.bed import Bed
+import time
+from shaperd_bed import Bed
 with Bed() as b:
     p = b.procs.spawn(["iperf3", "-s", "-p", "5999"], b.ns["recv"])
     print(b.run_id, p.pid, flush=True)
@@ -100,7 +99,7 @@ with Bed() as b:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_tears_the_bed_down(sig):
-    child = subprocess.Popen([sys.executable, "-c", _CHILD.format(repo=str(REPO))],
+    child = subprocess.Popen([sys.executable, "-c", _CHILD],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = child.stdout.readline().split()
@@ -280,7 +279,7 @@ def test_short_scenario_with_shaperd(bed):
 def test_demo_interrupted_leaves_nothing(sig):
     import re
 
-    p = subprocess.Popen([sys.executable, "-m", "shaperd.bed.demo", "--duration", "3", "--scenarios", "together",
+    p = subprocess.Popen([sys.executable, "-m", "shaperd_bed.demo", "--duration", "3", "--scenarios", "together",
                           "--modes", "none"], cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     try:
@@ -314,7 +313,7 @@ def test_demo_interrupted_leaves_nothing(sig):
 def test_demo_json_short_run():
     import json
 
-    p = subprocess.run([sys.executable, "-m", "shaperd.bed.demo", "--duration", "1.5", "--scenarios", "alone,latency",
+    p = subprocess.run([sys.executable, "-m", "shaperd_bed.demo", "--duration", "1.5", "--scenarios", "alone,latency",
                         "--modes", "none,hand-tc", "--json", "--quiet"], cwd=str(REPO), capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -16,11 +16,11 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 
 import pytest
+from shaperd_bed import netns
 
 from shaperd.kernel import bpf
 
@@ -48,15 +48,15 @@ for _ in range(count):
 
 
 def run(*argv):
-    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return netns.run(argv).stdout
 
 
 def ns_run(ns, *argv):
-    return run("ip", "netns", "exec", ns, *argv)
+    return netns.run(argv, ns).stdout
 
 
 def mac(ns, ifname):
-    return json.loads(run("ip", "-n", ns, "-j", "link", "show", ifname))[0]["address"]
+    return netns.link(ns, ifname)["address"]
 
 
 @pytest.fixture
@@ -65,15 +65,9 @@ def topo():
     if not ok:
         pytest.skip(f"cannot load BPF programs: {reason}")
     tag = f"shpdbpf{os.getpid()}"
-    pod, node, peer = f"{tag}-pod", f"{tag}-node", f"{tag}-peer"
-    created = []
-    try:
-        for ns in (pod, node, peer):
-            run("ip", "netns", "add", ns)
-            created.append(ns)
-            # No IPv6 autoconf/MLD chatter on the links we count on.
-            for key in ("all", "default"):
-                ns_run(ns, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1")
+    with netns.Namespaces(stop_grace_s=0) as nets:
+        # No IPv6 autoconf/MLD chatter on the links we count on.
+        pod, node, peer = (nets.add(f"{tag}-{role}", ipv6=False) for role in ("pod", "node", "peer"))
         ns_run(node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 
         run("ip", "-n", node, "link", "add", "cali0", "type", "veth",
@@ -102,9 +96,6 @@ def topo():
             run("tc", "-n", node, "class", "add", "dev", "up0", "parent", "7368:",
                 "classid", classid, "htb", "rate", "1gbit")
         yield {"pod": pod, "node": node, "peer": peer}
-    finally:
-        for ns in created:
-            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
 
 
 def class_counters(ipr, ifindex):

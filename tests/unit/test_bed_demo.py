@@ -3,7 +3,7 @@ import argparse
 
 import pytest
 
-from shaperd.bed import demo, shaping
+from shaperd_bed import demo, shaping
 
 
 def parse(*argv):

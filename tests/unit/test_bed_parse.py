@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from shaperd.bed.parse import (IperfError, Sample, convergence_time, first_reach, max_window_rate,
+from shaperd_bed.parse import (IperfError, Sample, convergence_time, first_reach, max_window_rate,
                                mean_rate, parse_iperf, parse_ping, percentile, samples_from,
                                parse_tc_class_stats, summarize, window_rates, wire_rate)
 

@@ -4,10 +4,10 @@ import json
 import pytest
 import yaml
 
-from shaperd.bed import report
-from shaperd.bed.scenarios import ScenarioResult, TenantFigure
-from shaperd.bed.shaping import fmt_rate, hand_tc_commands, shaperd_config
-from shaperd.bed.topology import Bed, BedConfig
+from shaperd_bed import report
+from shaperd_bed.scenarios import ScenarioResult, TenantFigure
+from shaperd_bed.shaping import fmt_rate, hand_tc_commands, shaperd_config
+from shaperd_bed.topology import Bed, BedConfig
 
 LINK = 1e9
 

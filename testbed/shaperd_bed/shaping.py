@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from .cmd import TC, CommandError, run
+from .netns import TC, CommandError, run
 
 if TYPE_CHECKING:  # pragma: no cover
     from .topology import Bed

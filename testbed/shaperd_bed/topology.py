@@ -11,10 +11,12 @@ Topology (one netns each, all names prefixed by a per-run id)::
   on its egress towards ``recv``.  ACKs flow back unshaped.
 * ``recv`` runs the iperf3 servers (one port per tenant and measurement).
 
-Every veth is created directly inside its namespaces, so nothing ever appears
-in the root namespace; IPv6 is disabled in the bed's namespaces.  Teardown
-kills every process the bed started, then anything still inside its
-namespaces, then deletes the namespaces (which deletes the veths).  The
+Namespaces, veths, processes and their removal are :mod:`.netns`'s (one
+:class:`~.netns.Namespaces` per bed).  Every veth is created directly inside
+its namespaces, so nothing ever appears in the root namespace; IPv6 is
+disabled in the bed's namespaces.  Teardown kills every process the bed
+started, then anything still inside its namespaces, then deletes the
+namespaces (which deletes the veths).  The
 :class:`Bed` context manager also turns SIGTERM (and SIGHUP) into an exception
 while it is active so that teardown runs on ``kill`` as well as on Ctrl-C.
 """
@@ -25,11 +27,10 @@ import os
 import secrets
 import signal
 import threading
-import time
 from dataclasses import dataclass, field
 
-from .cmd import IP, TC, CommandError, run
-from .procs import ProcessRegistry
+from . import netns
+from .netns import IP, TC, list_netns, run
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,8 @@ class Bed:
         self.recv_if = f"rx-{rid}"
         self.pod_if = {t.short: f"p{t.short}-{rid}" for t in self.config.tenants}
         self.node_if = {t.short: f"n{t.short}-{rid}" for t in self.config.tenants}
-        self.procs = ProcessRegistry()
+        self.nets = netns.Namespaces()
+        self.procs = self.nets.procs
         self.workdir = f"/tmp/shaperd-bed-{rid}"
         self.recv_addr = RECV_ADDR
         self._built = False
@@ -184,29 +186,21 @@ class Bed:
         os.makedirs(self.workdir, exist_ok=True)
         self._built = True  # from here on teardown has something to do
         for ns in self.ns.values():
-            run([IP, "netns", "add", ns])
-            for key in ("net.ipv6.conf.all.disable_ipv6", "net.ipv6.conf.default.disable_ipv6"):
-                run(["sysctl", "-qw", f"{key}=1"], ns)
-            run([IP, "link", "set", "lo", "up"], ns)
+            self.nets.add(ns, ipv6=False)
         node, wire, recv = self.ns["node"], self.ns["wire"], self.ns["recv"]
         for t in self.config.tenants:
             pod = self.pod_ns(t)
             pif, nif = self.pod_if[t.short], self.node_if[t.short]
-            _veth(pif, pod, nif, node)
-            run([IP, "addr", "add", f"{t.pod_addr}/24", "dev", pif], pod)
-            run([IP, "addr", "add", f"{t.gw_addr}/24", "dev", nif], node)
-            run([IP, "link", "set", pif, "up"], pod)
-            run([IP, "link", "set", nif, "up"], node)
+            netns.veth(pif, pod, nif, node)
+            netns.addr(pod, pif, f"{t.pod_addr}/24")
+            netns.addr(node, nif, f"{t.gw_addr}/24")
             run([IP, "route", "add", "default", "via", t.gw_addr], pod)
-        _veth(self.uplink, node, self.wire_in, wire)
-        run([IP, "addr", "add", f"{UPLINK_NODE}/{UPLINK_PLEN}", "dev", self.uplink], node)
-        run([IP, "addr", "add", f"{UPLINK_WIRE}/{UPLINK_PLEN}", "dev", self.wire_in], wire)
-        _veth(self.wire_out, wire, self.recv_if, recv)
-        run([IP, "addr", "add", f"{RECV_GW}/{RECV_PLEN}", "dev", self.wire_out], wire)
-        run([IP, "addr", "add", f"{RECV_ADDR}/{RECV_PLEN}", "dev", self.recv_if], recv)
-        for ifname, ns in ((self.uplink, node), (self.wire_in, wire), (self.wire_out, wire),
-                           (self.recv_if, recv)):
-            run([IP, "link", "set", ifname, "up"], ns)
+        netns.veth(self.uplink, node, self.wire_in, wire)
+        netns.addr(node, self.uplink, f"{UPLINK_NODE}/{UPLINK_PLEN}")
+        netns.addr(wire, self.wire_in, f"{UPLINK_WIRE}/{UPLINK_PLEN}")
+        netns.veth(self.wire_out, wire, self.recv_if, recv)
+        netns.addr(wire, self.wire_out, f"{RECV_GW}/{RECV_PLEN}")
+        netns.addr(recv, self.recv_if, f"{RECV_ADDR}/{RECV_PLEN}")
         run([IP, "route", "add", "default", "via", UPLINK_WIRE], node)
         for t in self.config.tenants:
             run([IP, "route", "add", t.cidr, "via", UPLINK_NODE], wire)
@@ -235,18 +229,10 @@ class Bed:
                 return
             blocked = _ignore_signals()
             try:
-                self.procs.stop_all()
-                existing = set(list_netns())
-                for ns in self.ns.values():
-                    if ns in existing:
-                        _kill_netns_pids(ns)
-                for ns in self.ns.values():
-                    if ns in existing:
-                        try:
-                            run([IP, "netns", "del", ns])
-                        except CommandError as e:  # pragma: no cover
-                            log.warning("could not delete netns %s: %s", ns, e)
-                _rmtree(self.workdir)
+                try:
+                    self.nets.cleanup()
+                finally:
+                    _rmtree(self.workdir)
                 self._torn_down = True
                 log.info("bed %s torn down", self.run_id)
             finally:
@@ -300,44 +286,6 @@ class Bed:
         run([TC, "qdisc", "del", "dev", self.uplink, "root"], self.ns["node"], check=False)
 
 
-def _veth(a: str, ns_a: str, b: str, ns_b: str) -> None:
-    run([IP, "link", "add", a, "netns", ns_a, "type", "veth", "peer", "name", b, "netns", ns_b])
-
-
-def list_netns() -> list[str]:
-    out = run([IP, "netns", "list"], check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def _kill_netns_pids(ns: str) -> None:
-    out = run([IP, "netns", "pids", ns], check=False).stdout
-    pids = [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-                alive.append(pid)
-            except ProcessLookupError:
-                pass
-        if not alive:
-            return
-        time.sleep(0.3)
-        pids = [p for p in alive if _exists(p)]
-        if not pids:
-            return
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover
-        return True
-
-
 def _pids_mentioning(token: str) -> list[int]:
     """Pids whose command line mentions *token* (our run id), excluding us."""
     found = []
@@ -389,7 +337,6 @@ def remove_stale(prefix: str = NS_PREFIX) -> list[str]:
     """Kill processes in and delete every namespace starting with *prefix*."""
     removed = []
     for ns in stale_netns(prefix):
-        _kill_netns_pids(ns)
-        run([IP, "netns", "del", ns], check=False)
+        netns.delete_netns(ns)
         removed.append(ns)
     return removed

@@ -8,10 +8,12 @@ baseline) programs the node's uplink.
 
 Modules, each owning one thing:
 
-* :mod:`.cmd`       - running commands (optionally inside a netns), no shell.
-* :mod:`.procs`     - every long-running process the bed starts; total kill.
-* :mod:`.topology`  - names, addresses, building and removing the topology;
-                      the :class:`Bed` context manager and signal handling.
+* :mod:`.netns`     - namespaces, veths, addresses, commands and processes in
+                      a namespace, total cleanup; shared with shaperd's tests
+                      and benchmarks (the one namespace helper of the repo).
+* :mod:`.topology`  - names, addresses, building and removing the topology
+                      (on :mod:`.netns`); the :class:`Bed` context manager and
+                      signal handling.
 * :mod:`.parse`     - pure parsing of iperf3 JSON and ping output, windows.
 * :mod:`.traffic`   - iperf3 servers/clients, UDP flood, RTT probe.
 * :mod:`.shaping`   - how the node is shaped: shaperd CLI hook, hand tc.

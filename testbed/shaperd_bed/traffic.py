@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from .cmd import run
+from .netns import run
 from .parse import IperfResult, RttStats, Sample, parse_iperf, parse_ping
 
 if TYPE_CHECKING:  # pragma: no cover

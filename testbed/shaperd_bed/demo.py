@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m shaperd.bed.demo`` (the same as ``shaperd demo``)."""
+    """``python -m shaperd_bed.demo`` (the same as ``shaperd demo``)."""
     ap = argparse.ArgumentParser(prog="shaperd demo", description=__doc__.splitlines()[0])
     add_arguments(ap)
     return run(ap.parse_args(argv))
