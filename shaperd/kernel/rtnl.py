@@ -109,11 +109,13 @@ class RtnlReader:
             interrupted = False
             for buf, m in self._replies(mtype, nlmsg.NLM_F_DUMP, body, what, device):
                 interrupted |= bool(m.flags & nlmsg.NLM_F_DUMP_INTR)
-                if m.type == nlmsg.NLMSG_ERROR:
+                if m.type in (nlmsg.NLMSG_ERROR, nlmsg.NLMSG_DONE):
+                    # A dump the kernel cannot start is an NLMSG_ERROR; one that fails once started
+                    # ends in an NLMSG_DONE carrying the errno (netlink_dump_done), rows so far or none.
                     code = nlmsg.error_code(buf, m)
                     if code:
                         raise KernelError("dump", what, device, os.strerror(code), code)
-                elif m.type != nlmsg.NLMSG_DONE:
+                else:
                     row = decode(buf, m)
                     if row is not None:
                         out.append(row)

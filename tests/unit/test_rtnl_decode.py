@@ -330,6 +330,31 @@ def test_dump_error_reply_raises_naming_the_read():
     assert str(exc.value) == "dump classes on up0: Operation not supported"
 
 
+def test_dump_failed_once_started_raises():
+    """Recorded: a dump the kernel fails after starting it ends in an NLMSG_DONE carrying the errno,
+    not an NLMSG_ERROR (this one: a filter dump whose TCA_CHAIN is 1 byte, ERANGE). It used to be
+    read as a complete, empty dump."""
+    assert fixture("error_dump_done")["serve_as"] == "filters(up0, 7368:)"
+    (d,) = datagrams("error_dump_done")
+    assert [m.type for m in nlmsg.messages(d)] == [nlmsg.NLMSG_DONE]
+    assert reply_errno("error_dump_done") == errno.ERANGE
+    reader, _ = reader_on("error_dump_done")
+    with pytest.raises(KernelError) as exc:
+        reader.filters(UP0, HTB_ROOT, "up0")
+    assert exc.value.errno == errno.ERANGE
+    assert str(exc.value) == "dump filters on up0: Numerical result out of range"
+
+
+def test_dump_failed_after_rows_raises_rather_than_returning_part():
+    """Synthesized: the recorded class dump with its NLMSG_DONE errno edited to EMSGSIZE (what a
+    row too large for the dump buffer gives): the rows before it are not a full answer."""
+    ds = [with_errno(d, errno.EMSGSIZE, lambda m: m.type == nlmsg.NLMSG_DONE) for d in datagrams("htb_classes")]
+    reader = RtnlReader(sock=RecordedSocket(ds), timeout_s=0.25)
+    with pytest.raises(KernelError) as exc:
+        reader.htb_classes(UP0, "up0")
+    assert exc.value.errno == errno.EMSGSIZE and str(exc.value).startswith("dump classes on up0: ")
+
+
 def interrupted_reply(name: str, where: str) -> list[bytes]:
     """A recorded dump with NLM_F_DUMP_INTR set, as the kernel sets it when the table changed mid-dump.
 
