@@ -21,6 +21,7 @@ import pytest
 from shaperd.discovery import pods
 from shaperd.errors import KernelError
 from shaperd.kernel import bpf, nlmsg, rtnl
+from shaperd.kernel import rtnl_rows as rows
 from shaperd.kernel.rtnl import RtnlReader
 from shaperd.kernel.rtnl_rows import TC_H_ROOT, U32KeyRow
 
@@ -32,6 +33,7 @@ HTB_ROOT = 0x73680000
 ETH_P_ALL, ETH_P_IP, ETH_P_IPV6 = 0x0003, 0x0800, 0x86DD
 RT_TABLE_MAIN, RT_TABLE_LOCAL = 254, 255
 RTN_UNICAST, RTN_BLACKHOLE, RTN_UNREACHABLE, RTN_PROHIBIT = 1, 6, 7, 8
+RTM_NEWNEIGH = 28
 
 
 def classid(major: int, minor: int) -> int:
@@ -220,8 +222,13 @@ def test_route_to_eperm_is_not_no_route():
 
 # -- neighbours ------------------------------------------------------------------------------------
 def test_neighbours_and_fdb_find_the_bridge_port():
+    # The kernel ignores ndm_ifindex in a dump request: the recorded reply holds up0's entry too.
+    recorded = [rows.neigh(d, m) for d in datagrams("neighbours_v4") for m in nlmsg.messages(d)
+                if m.type == RTM_NEWNEIGH]
+    assert (UP0, socket.inet_aton("198.18.0.2")) in {(n.ifindex, n.dst) for n in recorded}
     reader, _ = reader_on("neighbours_v4")
-    on_br0 = [n for n in reader.neighbours(socket.AF_INET, BR0, "br0") if n.ifindex == BR0]
+    on_br0 = reader.neighbours(socket.AF_INET, BR0, "br0")
+    assert on_br0 and {n.ifindex for n in on_br0} == {BR0}
     (entry,) = [n for n in on_br0 if n.dst == socket.inet_aton("198.18.1.2")]
     assert (entry.family, entry.lladdr, entry.master) == (socket.AF_INET, bytes.fromhex("020000000102"), None)
 
