@@ -49,7 +49,7 @@ def messages(buf: bytes) -> Iterator[Message]:
 
 
 def error_code(buf: bytes, msg: Message) -> int:
-    """errno of an NLMSG_ERROR reply (0 is an ack)."""
+    """errno of an NLMSG_ERROR reply (0 is an ack) or of the NLMSG_DONE ending a dump (0: complete)."""
     if msg.end - msg.start < 4:
         return 0
     return -I32.unpack_from(buf, msg.start)[0]

@@ -109,11 +109,13 @@ class RtnlReader:
             interrupted = False
             for buf, m in self._replies(mtype, nlmsg.NLM_F_DUMP, body, what, device):
                 interrupted |= bool(m.flags & nlmsg.NLM_F_DUMP_INTR)
-                if m.type == nlmsg.NLMSG_ERROR:
+                if m.type in (nlmsg.NLMSG_ERROR, nlmsg.NLMSG_DONE):
+                    # A dump the kernel cannot start is an NLMSG_ERROR; one that fails once started
+                    # ends in an NLMSG_DONE carrying the errno (netlink_dump_done), rows so far or none.
                     code = nlmsg.error_code(buf, m)
                     if code:
                         raise KernelError("dump", what, device, os.strerror(code), code)
-                elif m.type != nlmsg.NLMSG_DONE:
+                else:
                     row = decode(buf, m)
                     if row is not None:
                         out.append(row)
@@ -150,10 +152,13 @@ class RtnlReader:
         return self._get(RTM_GETROUTE, body, rows.route, f"route to {ip}", "node", NO_ROUTE_ERRNOS)
 
     def neighbours(self, family: int, ifindex: int = 0, device: str = "node") -> list[rows.NeighRow]:
-        """Neighbour entries (AF_BRIDGE: the bridge forwarding database)."""
+        """Neighbour entries on ``ifindex`` (0: every device; AF_BRIDGE: the bridge forwarding database)."""
         what = "bridge fdb" if family == socket.AF_BRIDGE else "neighbours"
         req = rows.NDMSG.pack(family, 0, 0, ifindex, 0, 0, 0)
-        return self._dump(RTM_GETNEIGH, req, rows.neigh, what, device)
+        out = self._dump(RTM_GETNEIGH, req, rows.neigh, what, device)
+        # The kernel does not filter a dump on ndm_ifindex (only on an NDA_IFINDEX attribute): every device's
+        # entries come back, so they are filtered here, as for qdiscs.
+        return [n for n in out if n.ifindex == ifindex] if ifindex else out
 
     def qdiscs(self, ifindex: int = 0, device: str = "node") -> list[rows.QdiscRow]:
         req = rows.TCMSG.pack(0, 0, 0, ifindex, 0, 0, 0)
