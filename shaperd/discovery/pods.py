@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from ..errors import KernelError
 from ..inventory import Link, Pod
 from . import cgroups
 
@@ -56,7 +57,13 @@ def resolve(reader, pod_infos, links: tuple[Link, ...], cgroup_root: Path | None
             problems.append("no pod IP yet")
         else:
             for ip in info.ips:
-                oif = route_oif(reader, ip)
+                try:
+                    oif = route_oif(reader, ip)
+                except KernelError as e:
+                    # e.g. EINVAL for an address under a blackhole route (Calico's IPAM blocks): this
+                    # pod's problem, retried next time; the other pods are still resolved.
+                    problems.append(str(e))
+                    continue
                 link = by_index.get(oif) if oif else None
                 if link is None:
                     continue

@@ -1,0 +1,29 @@
+"""Pod resolution: one pod's failing route lookup is that pod's problem, not the reconcile's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from shaperd.discovery import pods
+from shaperd.errors import KernelError
+from shaperd.inventory import Link
+from shaperd.kernel.rtnl_rows import RouteRow
+
+
+class Reader:
+    def route_to(self, ip):
+        if ip == "198.18.9.9":  # under a blackhole route: the kernel answers EINVAL
+            raise KernelError("get", f"route to {ip}", "node", "Invalid argument", 22)
+        return RouteRow(2, 32, 254, 1, 0, 7, False)
+
+
+def info(uid, ip):
+    return SimpleNamespace(uid=uid, namespace="ns", name=uid, labels={}, ips=(ip,), host_network=False)
+
+
+def test_a_failing_lookup_is_recorded_on_that_pod_and_the_others_resolve():
+    links = (Link("up0", 2), Link("cali1", 7, kind="veth"))
+    out = {p.uid: p for p in pods.resolve(Reader(), [info("bad", "198.18.9.9"), info("good", "198.18.5.5")], links, None)}
+    assert out["good"].host_ifname == "cali1" and out["good"].problems == ()
+    assert out["bad"].host_ifindex is None
+    assert out["bad"].problems == ("get route to 198.18.9.9 on node: Invalid argument",)
