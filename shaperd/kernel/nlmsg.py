@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 NLM_F_REQUEST = 0x1
 NLM_F_MULTI = 0x2
@@ -26,9 +26,10 @@ U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 
 
-@dataclass(frozen=True)
-class Message:
-    """One netlink message inside a received buffer: header fields and the payload's span."""
+class Message(NamedTuple):
+    """One netlink message inside a received buffer: header fields and the payload's span.
+
+    A NamedTuple: one is made per message of every dump (hundreds per resync)."""
 
     type: int
     flags: int
@@ -62,7 +63,8 @@ def attrs(buf: bytes, off: int, end: int) -> dict[int, tuple[int, int]]:
         length, typ = RTA.unpack_from(buf, off)
         if length < 4:
             break
-        out[typ & NLA_TYPE_MASK] = (off + 4, min(off + length, end))
+        stop = off + length
+        out[typ & NLA_TYPE_MASK] = (off + 4, stop if stop <= end else end)  # a truncated attribute ends at end
         off += (length + 3) & ~3
     return out
 

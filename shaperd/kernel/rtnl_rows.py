@@ -1,16 +1,18 @@
-"""rtnetlink replies decoded into typed rows, pure (bytes in, dataclasses out).
+"""rtnetlink replies decoded into typed rows, pure (bytes in, named tuples out).
 
 One decoder per message kind: links, routes, neighbours, qdiscs, classes,
 filters. Only the fields shaperd uses are unpacked, with ``struct`` (pyroute2
 decodes every attribute into objects, ~25x slower for class dumps). No
 policy: a row says what the kernel holds, not whether it is shaperd's.
+Rows are NamedTuples, not dataclasses: a resync decodes hundreds of them and
+a frozen dataclass costs about four times as much to build.
 """
 
 from __future__ import annotations
 
 import socket
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .nlmsg import Message, U32, attrs, string, u32, u64
 
@@ -39,8 +41,7 @@ _I32 = struct.Struct("=i")
 _RTNEXTHOP = struct.Struct("=HBBi")
 
 
-@dataclass(frozen=True)
-class LinkRow:
+class LinkRow(NamedTuple):
     ifindex: int
     name: str
     kind: str  # IFLA_INFO_KIND: "veth", "bridge", "" for a physical NIC
@@ -48,8 +49,7 @@ class LinkRow:
     up: bool  # administratively up (IFF_UP)
 
 
-@dataclass(frozen=True)
-class RouteRow:
+class RouteRow(NamedTuple):
     family: int
     dst_len: int
     table: int
@@ -60,8 +60,7 @@ class RouteRow:
     multipath_oifs: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class NeighRow:
+class NeighRow(NamedTuple):
     family: int
     ifindex: int
     dst: bytes | None
@@ -69,8 +68,7 @@ class NeighRow:
     master: int | None
 
 
-@dataclass(frozen=True)
-class QdiscRow:
+class QdiscRow(NamedTuple):
     ifindex: int
     handle: int
     parent: int
@@ -79,8 +77,7 @@ class QdiscRow:
     default_minor: int = 0  # htb: the default class
 
 
-@dataclass(frozen=True)
-class HtbClassRow:
+class HtbClassRow(NamedTuple):
     """An HTB class with its parameters (kernel units) and counters."""
 
     ifindex: int
@@ -105,15 +102,13 @@ class HtbClassRow:
     ctokens: int = 0
 
 
-@dataclass(frozen=True)
-class U32KeyRow:
+class U32KeyRow(NamedTuple):
     value: int
     mask: int
     offset: int
 
 
-@dataclass(frozen=True)
-class FilterRow:
+class FilterRow(NamedTuple):
     ifindex: int
     parent: int
     prio: int

@@ -16,7 +16,6 @@ from .objects import (
     ObservedClass,
     ObservedFilter,
     RootQdisc,
-    U32Key,
 )
 
 
@@ -26,9 +25,8 @@ def owned_ifindexes(qdiscs: list[QdiscRow]) -> set[int]:
 
 
 def observed_filter(f: FilterRow) -> ObservedFilter:
-    return ObservedFilter(kind=f.kind, prio=f.prio, protocol=f.protocol, handle=f.handle, parent=f.parent,
-                          classid=f.classid, keys=tuple(U32Key(k.value, k.mask, k.offset) for k in f.keys),
-                          name=f.name, mark=f.mark)
+    # Key rows compare equal to U32Key: no copy.
+    return ObservedFilter(f.kind, f.prio, f.protocol, f.handle, f.parent, f.classid, f.keys, f.name, f.mark)
 
 
 def device_state(reads, device: str, ifindex: int, qdiscs: list[QdiscRow] | None = None) -> DeviceState:
