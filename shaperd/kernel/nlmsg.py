@@ -38,6 +38,11 @@ class Message(NamedTuple):
     end: int  # end of this message
 
 
+# NamedTuple construction through tuple.__new__ skips a Python-level __new__ (0.14 vs 0.48 us):
+# the readers build one tuple per message and per row of every dump, hundreds per resync or sample.
+fast_new = tuple.__new__
+
+
 def messages(buf: bytes) -> Iterator[Message]:
     """The messages of one received datagram (a truncated tail is ignored)."""
     off = 0
@@ -45,7 +50,7 @@ def messages(buf: bytes) -> Iterator[Message]:
         length, typ, flags, seq, _pid = HDR.unpack_from(buf, off)
         if length < HDR.size or off + length > len(buf):
             return
-        yield Message(typ, flags, seq, off + HDR.size, off + length)
+        yield fast_new(Message, (typ, flags, seq, off + HDR.size, off + length))
         off += (length + 3) & ~3
 
 

@@ -79,8 +79,12 @@ class RtnlReader:
         self.close()
 
     # -- the exchange ----------------------------------------------------------
-    def _replies(self, mtype: int, flags: int, body: bytes, what: str, device: str) -> Iterator[tuple[bytes, Message]]:
-        """Send one request; yield each reply message to it, until DONE or an error/ack ends it."""
+    def _replies(self, mtype: int, flags: int, body: bytes, what: str,
+                 device: str) -> Iterator[tuple[bytes, list[Message]]]:
+        """Send one request; yield (datagram, its messages answering this request) until DONE or an error/ack.
+
+        Per datagram, not per message: a resync reads hundreds of messages and a generator step each
+        showed in the sampler's cost."""
         self.seq += 1
         seq = self.seq
         try:
@@ -89,12 +93,18 @@ class RtnlReader:
                 buf = self.sock.recv(1 << 16)
                 if not buf:
                     raise KernelError("read", what, device, "netlink socket closed", errno_mod.EPIPE)
+                mine = []
+                last = False
                 for m in nlmsg.messages(buf):
                     if m.seq != seq:
                         continue  # a late answer to an earlier request that timed out
-                    yield buf, m
-                    if m.type in (nlmsg.NLMSG_DONE, nlmsg.NLMSG_ERROR) or not m.flags & nlmsg.NLM_F_MULTI:
-                        return
+                    mine.append(m)
+                    if m.type == nlmsg.NLMSG_DONE or m.type == nlmsg.NLMSG_ERROR or not m.flags & nlmsg.NLM_F_MULTI:
+                        last = True
+                        break
+                yield buf, mine
+                if last:
+                    return
         except socket.timeout as e:
             raise KernelError("read", what, device, f"no answer from the kernel within {self.timeout_s:g} s",
                               errno_mod.ETIMEDOUT) from e
@@ -104,21 +114,23 @@ class RtnlReader:
     def _dump(self, mtype: int, body: bytes, decode: Callable[[bytes, Message], T | None], what: str,
               device: str) -> list[T]:
         """Every row of a dump; an interrupted dump is read again, an error reply raises."""
+        done, error = nlmsg.NLMSG_DONE, nlmsg.NLMSG_ERROR
         for _attempt in range(DUMP_ATTEMPTS):
             out: list[T] = []
-            interrupted = False
-            for buf, m in self._replies(mtype, nlmsg.NLM_F_DUMP, body, what, device):
-                interrupted |= bool(m.flags & nlmsg.NLM_F_DUMP_INTR)
-                if m.type in (nlmsg.NLMSG_ERROR, nlmsg.NLMSG_DONE):
-                    # A dump the kernel cannot start is an NLMSG_ERROR; one that fails once started
-                    # ends in an NLMSG_DONE carrying the errno (netlink_dump_done), rows so far or none.
-                    code = nlmsg.error_code(buf, m)
-                    if code:
-                        raise KernelError("dump", what, device, os.strerror(code), code)
-                else:
-                    row = decode(buf, m)
-                    if row is not None:
-                        out.append(row)
+            interrupted = 0
+            for buf, msgs in self._replies(mtype, nlmsg.NLM_F_DUMP, body, what, device):
+                for m in msgs:
+                    interrupted |= m.flags & nlmsg.NLM_F_DUMP_INTR
+                    if m.type == error or m.type == done:
+                        # A dump the kernel cannot start is an NLMSG_ERROR; one that fails once started
+                        # ends in an NLMSG_DONE carrying the errno (netlink_dump_done), rows so far or none.
+                        code = nlmsg.error_code(buf, m)
+                        if code:
+                            raise KernelError("dump", what, device, os.strerror(code), code)
+                    else:
+                        row = decode(buf, m)
+                        if row is not None:
+                            out.append(row)
             if not interrupted:
                 return out
         raise KernelError("dump", what, device, f"interrupted {DUMP_ATTEMPTS} times in a row (the table kept changing)",
@@ -127,7 +139,10 @@ class RtnlReader:
     def _get(self, mtype: int, body: bytes, decode: Callable[[bytes, Message], T], what: str, device: str,
              absent: frozenset[int] = frozenset()) -> T | None:
         """One get request: its row, None when the kernel answers with an errno in ``absent``, else raise."""
-        for buf, m in self._replies(mtype, 0, body, what, device):
+        for buf, msgs in self._replies(mtype, 0, body, what, device):
+            if not msgs:
+                continue
+            m = msgs[0]
             if m.type == nlmsg.NLMSG_ERROR:
                 code = nlmsg.error_code(buf, m)
                 if code in absent:
@@ -164,6 +179,10 @@ class RtnlReader:
         req = rows.TCMSG.pack(0, 0, 0, ifindex, 0, 0, 0)
         out = self._dump(RTM_GETQDISC, req, rows.qdisc, "qdiscs", device)
         return [q for q in out if q.ifindex == ifindex] if ifindex else out
+
+    def root_qdiscs(self) -> list[rows.QdiscRow]:
+        """Every device's root qdisc (one dump; the leaves are skipped before decoding)."""
+        return self._dump(RTM_GETQDISC, rows.TCMSG.pack(0, 0, 0, 0, 0, 0, 0), rows.root_qdisc, "qdiscs", "node")
 
     def htb_classes(self, ifindex: int, device: str) -> list[rows.HtbClassRow]:
         req = rows.TCMSG.pack(0, 0, 0, ifindex, 0, 0, 0)

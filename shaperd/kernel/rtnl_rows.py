@@ -14,7 +14,7 @@ import socket
 import struct
 from typing import NamedTuple
 
-from .nlmsg import Message, U32, attrs, string, u32, u64
+from .nlmsg import Message, U32, attrs, fast_new, string, u32, u64
 
 IFINFOMSG = struct.Struct("=BBHiII")  # family, pad, type, index, flags, change
 TCMSG = struct.Struct("=BBHiIII")  # family, pad1, pad2, ifindex, handle, parent, info
@@ -159,6 +159,13 @@ def neigh(buf: bytes, m: Message) -> NeighRow:
     )
 
 
+def root_qdisc(buf: bytes, m: Message) -> QdiscRow | None:
+    """A root qdisc (parent TC_H_ROOT), or None without decoding anything else (the sampler's hot path)."""
+    if TCMSG.unpack_from(buf, m.start)[5] != TC_H_ROOT:
+        return None
+    return qdisc(buf, m)
+
+
 def qdisc(buf: bytes, m: Message) -> QdiscRow:
     _f, _p1, _p2, index, handle, parent, _info = TCMSG.unpack_from(buf, m.start)
     a = attrs(buf, m.start + TCMSG.size, m.end)
@@ -193,21 +200,17 @@ def htb_class(buf: bytes, m: Message) -> HtbClassRow | None:
         rate = u64(buf, o[TCA_HTB_RATE64])
     if TCA_HTB_CEIL64 in o:
         ceil = u64(buf, o[TCA_HTB_CEIL64])
-    counters = {}
+    nbytes = packets = qlen = backlog = drops = overlimits = lends = borrows = tokens = ctokens = 0
     if TCA_STATS2 in a:
-        s = attrs(buf, *a[TCA_STATS2])
-        if TCA_STATS_BASIC in s:
-            counters["bytes"], counters["packets"] = _BASIC.unpack_from(buf, s[TCA_STATS_BASIC][0])
-        if TCA_STATS_QUEUE in s:
-            (counters["qlen"], counters["backlog_bytes"], counters["drops"], _req,
-             counters["overlimits"]) = _QUEUE.unpack_from(buf, s[TCA_STATS_QUEUE][0])
-        if TCA_STATS_APP in s and s[TCA_STATS_APP][1] - s[TCA_STATS_APP][0] >= _HTB_XSTATS.size:
-            (counters["lends"], counters["borrows"], _giants, counters["tokens"],
-             counters["ctokens"]) = _HTB_XSTATS.unpack_from(buf, s[TCA_STATS_APP][0])
-    return HtbClassRow(
-        ifindex=index, classid=handle, parent=parent, leaf_handle=info, rate_Bps=rate, ceil_Bps=ceil,
-        buffer_ticks=buffer, cbuffer_ticks=cbuffer, quantum_bytes=quantum, prio=prio, **counters,
-    )
+        st = attrs(buf, *a[TCA_STATS2])
+        if TCA_STATS_BASIC in st:
+            nbytes, packets = _BASIC.unpack_from(buf, st[TCA_STATS_BASIC][0])
+        if TCA_STATS_QUEUE in st:
+            qlen, backlog, drops, _req, overlimits = _QUEUE.unpack_from(buf, st[TCA_STATS_QUEUE][0])
+        if TCA_STATS_APP in st and st[TCA_STATS_APP][1] - st[TCA_STATS_APP][0] >= _HTB_XSTATS.size:
+            lends, borrows, _giants, tokens, ctokens = _HTB_XSTATS.unpack_from(buf, st[TCA_STATS_APP][0])
+    return fast_new(HtbClassRow, (index, handle, parent, info, rate, ceil, buffer, cbuffer, quantum, prio, nbytes,
+                                  packets, drops, overlimits, backlog, qlen, borrows, lends, tokens, ctokens))
 
 
 def tc_filter(buf: bytes, m: Message) -> FilterRow | None:

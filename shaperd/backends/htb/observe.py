@@ -58,7 +58,7 @@ def read_counters(reader) -> dict[tuple[str, int], HtbClassRow]:
     """{(device, classid): class row with counters} for every shaperd class on every shaped device."""
     names = {l.ifindex: l.name for l in reader.links()}
     out = {}
-    for idx in sorted(owned_ifindexes(reader.qdiscs())):
+    for idx in sorted(owned_ifindexes(reader.root_qdiscs())):
         dev = names.get(idx, str(idx))
         for c in reader.htb_classes(idx, dev):
             if c.classid >> 16 == HANDLE_MAJOR:
