@@ -32,10 +32,6 @@ class Roots:
         return self.proc / "self" / "mountinfo"
 
     @property
-    def netns_dir(self) -> Path:
-        return self.run / "netns"
-
-    @property
     def infiniband(self) -> Path:
         return self.sys / "class" / "infiniband"
 

@@ -61,7 +61,6 @@ class Daemon:
         self.stop = False
         self.reload_requested = False
         self.failures = 0
-        self.last_ok: float | None = None
         self.reconciles = 0
         self.metrics_address = metrics_address or None
         self.netns = netns
@@ -239,7 +238,6 @@ class Daemon:
             self.failures += 1
             return time.monotonic() + RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
         self.failures = 0
-        self.last_ok = time.time()
         self.applied_gen = gen
         return None
 

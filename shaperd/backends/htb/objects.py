@@ -209,8 +209,6 @@ class DevicePlan:
     filters: tuple[Filter, ...]
     # tenant name -> classid, for reporting.
     tenant_classes: dict[str, int] = field(default_factory=dict, compare=False)
-    # tenant name -> number of endpoints (prefixes, interfaces, pods, cgroups) mapped to it.
-    tenant_endpoints: dict[str, int] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,7 @@ def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings(), ten
 
 
 def cgroup_entries(
-    cfg: Config, inv: Inventory, by_pod: dict[str, str], minors: dict[str, int], endpoints: dict[str, int]
+    cfg: Config, inv: Inventory, by_pod: dict[str, str], minors: dict[str, int]
 ) -> tuple[tuple[tuple[int, int, int], ...], tuple[str, ...]]:
     """(level, cgroup id, classid) for hostNetwork pods and match.cgroups, labels for rendering."""
     entries: dict[tuple[int, int], tuple[int, str]] = {}
@@ -171,7 +171,6 @@ def cgroup_entries(
             ref = refs.get(path)
             if ref is not None:
                 entries.setdefault((ref.level, ref.id), (classid(minors[t.name]), path))
-                endpoints[t.name] += 1
     for pod in inv.pods:
         tenant = by_pod.get(pod.uid)
         if tenant is not None and pod.host_network and pod.cgroup is not None:
@@ -222,7 +221,6 @@ def plan_device(
     filters: list[Filter] = []
     by_pod = by_pod or {}
     marks_by_tenant = marks_by_tenant or {}
-    endpoints = {t.name: 0 for t in cfg.tenants}
     if inv.capabilities.bpf:
         mapping = tuple(sorted((idx, classid(minors[tenant])) for idx, (tenant, _) in ifmap.items()))
         if mapping:
@@ -232,9 +230,7 @@ def plan_device(
                     interfaces=tuple(sorted(name for _, name in ifmap.values())),
                 )
             )
-        for tenant, _ in ifmap.values():
-            endpoints[tenant] += 1
-        cg_entries, cg_labels = cgroup_entries(cfg, inv, by_pod, minors, endpoints)
+        cg_entries, cg_labels = cgroup_entries(cfg, inv, by_pod, minors)
         if cg_entries:
             filters.append(BpfFilter(prio=PRIO_BPF_CGROUP, name=bpf_program_name(cg_entries, "cgroup"),
                                      mapping=cg_entries, interfaces=cg_labels, kind="cgroup"))
@@ -251,7 +247,6 @@ def plan_device(
         for net in t.match.cidrs:
             filters.append(U32Filter.for_prefix(net, classid(minors[t.name])))
             claimed.add(net)
-            endpoints[t.name] += 1
     for pod in inv.pods:
         tenant = by_pod.get(pod.uid)
         if tenant is None:
@@ -262,7 +257,6 @@ def plan_device(
                 if net not in claimed:  # a configured prefix of the same length wins
                     claimed.add(net)
                     filters.append(U32Filter.for_prefix(net, classid(minors[tenant])))
-        endpoints[tenant] += 1
     filters.sort(key=lambda f: (f.prio, getattr(f, "protocol", 0), getattr(f, "prefix", "")))
     return (
         DevicePlan(
@@ -274,7 +268,6 @@ def plan_device(
             leaves=tuple(leaves),
             filters=tuple(filters),
             tenant_classes={t.name: classid(minors[t.name]) for t in cfg.tenants},
-            tenant_endpoints=endpoints,
         ),
         [],
     )
