@@ -74,7 +74,7 @@ def _roots(args):
     return Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
 
 
-def _reconciler(args, probe: bool = True, pods_source=None):
+def _reconciler(args, probe: bool = True, pods_source=None, pod_resources=None):
     from .engine.reconciler import open_node
     from .inventory import Capabilities
     from .kernel.probe import probe_capabilities
@@ -86,7 +86,8 @@ def _reconciler(args, probe: bool = True, pods_source=None):
         caps = Capabilities(bpf=True, leaf_kinds=frozenset({"bfifo"}),
                             notes=("not root: capabilities assumed (htb, u32, cls_bpf, bfifo leaves)",))
     return open_node(caps, netns=getattr(args, "netns", None), roots=_roots(args),
-                     take_over=getattr(args, "take_over", False), pods_source=pods_source)
+                     take_over=getattr(args, "take_over", False), pods_source=pods_source,
+                     pod_resources=pod_resources)
 
 
 def _print_plan_notes(plan, caps) -> None:
@@ -174,8 +175,16 @@ def cmd_run(args) -> int:
 
         factory = make_watcher
 
-    d = Daemon(args.config, lambda pods: _reconciler(args, pods_source=pods), resync_interval_s=args.resync_interval,
-               metrics_address=args.metrics_address, netns=getattr(args, "netns", None), pod_watcher_factory=factory)
+    pod_resources = None
+    if factory is not None and not args.no_pod_resources:
+        # The kubelet's device assignments (RDMA devices of pods); a missing socket is logged once, not an error.
+        from .discovery.podresources.source import PodResourcesSource
+
+        pod_resources = PodResourcesSource(_roots(args))
+
+    d = Daemon(args.config, lambda pods: _reconciler(args, pods_source=pods, pod_resources=pod_resources),
+               resync_interval_s=args.resync_interval, metrics_address=args.metrics_address,
+               netns=getattr(args, "netns", None), pod_watcher_factory=factory, pod_resources=pod_resources)
     return d.run()
 
 
@@ -256,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig for the API (default: in-cluster service account, else $KUBECONFIG, ~/.kube/config)")
     p.add_argument("--no-kubernetes", action="store_true", help="do not watch pods even if NODE_NAME is set")
+    p.add_argument("--no-pod-resources", action="store_true",
+                   help="do not ask the kubelet's pod-resources API (<kubelet root>/pod-resources/kubelet.sock) "
+                        "which RDMA devices pods hold; use the tenants file's rdma.devices only")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("status", help="live per-tenant class stats from the kernel")

@@ -20,6 +20,8 @@ from ..inventory import Gid, RdmaDevice, RdmaPort
 from ..roots import DEFAULT, Roots
 
 _EMPTY_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+# A PCI function address as sysfs names it, domain included: "0000:3b:00.2".
+PCI_ADDRESS_RE = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _RATE_RE = re.compile(r"^\s*([0-9.]+)\s*Gb/sec")
 
 
@@ -148,3 +150,19 @@ def by_pci(devices: tuple[RdmaDevice, ...], pci: str) -> RdmaDevice | None:
     """The RDMA device of a PCI function (an SR-IOV device plugin's id is the VF's address)."""
     pci = pci.lower()
     return next((d for d in devices if d.pci == pci), None)
+
+
+def devices_of_pci(pci: str, roots: Roots = DEFAULT) -> tuple[str, ...]:
+    """The RDMA devices of a PCI function, from <sys>/bus/pci/devices/<pci>/infiniband/; () if none.
+
+    An SR-IOV device plugin names the VFs it assigns by PCI address; a VF
+    bound to mlx5_core has one RDMA device there (a plain netdevice or a
+    vfio-pci VF has none).
+    """
+    if not PCI_ADDRESS_RE.match(pci):
+        return ()
+    ib = roots.sys / "bus" / "pci" / "devices" / pci.lower() / "infiniband"
+    try:
+        return tuple(sorted(p.name for p in ib.iterdir()))
+    except OSError:
+        return ()

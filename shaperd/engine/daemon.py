@@ -10,6 +10,10 @@ loop and leave enforcement in place.
 With a metrics address, a sampler thread reads class counters every 0.5 s
 (report/sampler.py) and an HTTP thread serves /metrics, /healthz and /readyz
 (report/); the loop only records what it did.
+
+With Kubernetes, the kubelet's pod-resources socket is looked at on the
+same file-poll tick: a socket that appears or is replaced (kubelet restart)
+reconnects the client and triggers a reconcile (discovery/podresources/).
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def stamp(path: str) -> FileStamp | None:
 
 class Daemon:
     def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0,
-                 metrics_address: str | None = None, netns: str | None = None, pod_watcher_factory=None):
+                 metrics_address: str | None = None, netns: str | None = None, pod_watcher_factory=None,
+                 pod_resources=None):
         self.path = config_path
         self.make_reconciler = make_reconciler
         self.resync_s = resync_interval_s
@@ -74,6 +79,8 @@ class Daemon:
         self.pod_watcher_factory = pod_watcher_factory
         self.pods = None
         self.pods_changed = False
+        # discovery.podresources.source.PodResourcesSource, shared with the reconciler; None when off.
+        self.pod_resources = pod_resources
         self._wake_fd: int | None = None
         self.events = None  # kernel.events.KernelEvents while running
 
@@ -156,6 +163,8 @@ class Daemon:
                     next_poll = now + FILE_POLL_S
                     if stamp(self.path) != self.stamp and self.load("file changed"):
                         due = now
+                    if self.pod_resources is not None and self.pod_resources.poll():
+                        due = now
                 if now >= next_resync:
                     due = now
                 if due is not None and now >= due and not self.stop:
@@ -165,6 +174,8 @@ class Daemon:
         finally:
             if self.pods is not None:
                 self.pods.stop()
+            if self.pod_resources is not None:
+                self.pod_resources.close()
             if server is not None:
                 server.stop()
             if self.sampler is not None:

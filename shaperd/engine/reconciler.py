@@ -120,7 +120,7 @@ class Report:
 
 class Reconciler:
     def __init__(self, reader, backends: list[Backend], capabilities: Capabilities, *, roots: Roots = DEFAULT,
-                 pods_source=None, cgroup_root=None):
+                 pods_source=None, cgroup_root=None, pod_resources=None):
         # Reads go through one rtnetlink reader (kernel/rtnl.py) in the same namespace as the
         # backends' writers: both are opened by open_node() through kernel/netns.py.
         self.reader = reader
@@ -129,6 +129,8 @@ class Reconciler:
         self.roots = roots
         # Callable returning the pods on this node (PodInfo-like objects), or None without Kubernetes.
         self.pods_source = pods_source
+        # discovery.podresources.source.PodResourcesSource (the kubelet's device assignments), or None.
+        self.pod_resources = pod_resources
         self.cgroup_root = cgroup_root if cgroup_root is not None else cgroups_mod.cgroup2_root(roots)
         self.log = log.get("shaperd.reconcile")
         # Probed once: a backend this kernel cannot run is left out, with its reason.
@@ -158,6 +160,9 @@ class Reconciler:
                     else:
                         refs.append(r)
         rdma, rdma_notes = rdma_mod.discover(self.roots)
+        if self.pod_resources is not None and pods:
+            pods, notes = self.pod_resources.resolve(pods)
+            rdma_notes += notes
         return Inventory(links=inv.links, default_route_devices=inv.default_route_devices,
                          capabilities=inv.capabilities, pods=pods, cgroups=tuple(refs), rdma=rdma,
                          rdma_notes=rdma_notes)
@@ -267,11 +272,12 @@ def default_backends(writer, take_over: bool = False) -> list[Backend]:
 
 
 def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DEFAULT, take_over: bool = False,
-              pods_source=None) -> Reconciler:
+              pods_source=None, pod_resources=None) -> Reconciler:
     """A reconciler whose reader and writers all live in one namespace (kernel/netns.py)."""
     from ..kernel import tc
     from ..kernel.rtnl import RtnlReader
 
     reader = RtnlReader(netns, run_root=str(roots.run))
     writer = tc.open_writer(netns, str(roots.run))
-    return Reconciler(reader, default_backends(writer, take_over), caps, roots=roots, pods_source=pods_source)
+    return Reconciler(reader, default_backends(writer, take_over), caps, roots=roots, pods_source=pods_source,
+                      pod_resources=pod_resources)
