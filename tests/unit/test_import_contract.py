@@ -24,6 +24,7 @@ PURE = sorted(
      if p.stem in ("base", "objects", "ops", "plan", "diff", "render", "ids", "__init__")]
     + [PKG / "tenancy.py", PKG / "inventory.py", PKG / "roots.py", PKG / "units.py"]
     + [PKG / "backends" / "rdma" / "nccl.py", PKG / "backends" / "rdma" / "envfiles.py"]
+    + [PKG / "webhook" / "admission.py"]
 )
 IO_MODULES = {"os", "socket", "subprocess", "pathlib", "io", "shutil", "select", "ctypes", "pyroute2", "urllib",
               "http", "kubernetes", "psutil", "threading"}
