@@ -272,6 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_rdma.register(sub, node_opts)
 
+    p = sub.add_parser("webhook", help="the mutating admission webhook: adds each tenant's NCCL settings to its pods")
+    from . import webhook
+
+    webhook.add_arguments(p)
+
     p = sub.add_parser("demo", help="build a namespace test bed and measure isolation (root)")
     try:
         from .bed import demo
