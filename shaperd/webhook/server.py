@@ -63,15 +63,15 @@ class _Server(ThreadingHTTPServer):
         self.log.info("connection failed", client=client_address[0], error=f"{type(e).__name__}: {e}")
 
     def review(self, body: bytes) -> admission.Verdict:
-        mutator = self.tenants.current()
-        if mutator is None:
-            v = admission.allow(body, "no valid tenants file loaded yet", malformed=False)
-        else:
-            try:
+        try:
+            mutator = self.tenants.current()
+            if mutator is None:
+                v = admission.allow(body, "no valid tenants file loaded yet", malformed=False)
+            else:
                 v = mutator.review(body)
-            except Exception:  # noqa: BLE001 - a bug answers "allowed, no patch", never a dead server
-                self.log.exception("review failed with an internal error; allowed without a patch")
-                v = admission.allow(body, "internal error")
+        except Exception:  # noqa: BLE001 - a bug answers "allowed, no patch", never a dead server
+            self.log.exception("review failed with an internal error; allowed without a patch")
+            v = admission.allow(body, "internal error")
         fields = dict(uid=v.uid, pod=v.pod or None, tenant=v.tenant)
         if v.malformed:
             self.log.warning("malformed review allowed without a patch", reason=v.why, **fields)
@@ -154,8 +154,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args) -> None:
         self.server.log.debug("http", client=self.client_address[0], message=fmt % args)
 
-    def log_error(self, fmt, *args) -> None:  # timeouts, bad request lines
-        self.server.log.info("http request failed", client=self.client_address[0], message=fmt % args)
+    def log_error(self, fmt, *args) -> None:  # bad request lines; an idle kept-alive connection timing out
+        level = self.server.log.debug if fmt.startswith("Request timed out") else self.server.log.info
+        level("http request failed", client=self.client_address[0], message=fmt % args)
 
 
 class WebhookServer:

@@ -149,6 +149,32 @@ def test_malformed_bodies_are_allowed_with_no_patch_and_logged_and_the_server_go
     assert status == 200 and "patch" in json.loads(data)["response"]  # still serving, still mutating
 
 
+def test_a_bug_in_the_review_is_answered_allowed_with_no_patch_and_the_server_goes_on(pki, cfg):
+    _, secret, cafile = pki
+
+    class Buggy(Mutator):
+        def review(self, body):
+            if b"boom" in body:
+                raise ZeroDivisionError("a bug")
+            return super().review(body)
+
+    srv = WebhookServer("127.0.0.1:0", TlsFiles(secret.path), TenantsFile(cfg, Buggy), 5.0)
+    srv.start()
+    try:
+        with capture_logs() as logs:
+            conn = client(srv, cafile)
+            try:
+                boom = post(conn, review(pod({"training-tenant": "boom"}), uid="u-boom"))
+                fine = post(conn, review(pod({"training-tenant": "tenant-a"})))
+            finally:
+                conn.close()
+    finally:
+        srv.stop()
+    assert boom[0] == 200 and json.loads(boom[1])["response"] == {"uid": "u-boom", "allowed": True}
+    assert fine[0] == 200 and "patch" in json.loads(fine[1])["response"]
+    assert any(e["event"].startswith("review failed with an internal error") for e in logs)
+
+
 def test_a_rotated_certificate_is_served_on_the_next_connection_and_a_broken_one_is_not(pki, cfg, tmp_path):
     ca1, secret, ca1_file = pki
     ca2 = Ca("rotated-ca")

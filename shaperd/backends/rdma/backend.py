@@ -50,7 +50,8 @@ class RdmaBackend:
         files: dict[str, bytes] = {}
         foreign: set[str] = set()
         try:
-            entries = list(os.scandir(self.directory))
+            with os.scandir(self.directory) as it:
+                entries = list(it)
         except FileNotFoundError:
             return EnvObserved(where)
         except OSError as e:
