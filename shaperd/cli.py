@@ -294,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_rdma.register(sub, node_opts)
 
+    p = sub.add_parser("webhook", help="the mutating admission webhook: adds each tenant's NCCL settings to its pods")
+    from . import webhook
+
+    webhook.add_arguments(p)
+
     try:
         from shaperd_bed import demo  # the separate shaperd-testbed distribution, imported only here
     except ImportError:

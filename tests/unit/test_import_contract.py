@@ -23,6 +23,8 @@ PURE = sorted(
     [p for p in (PKG / "backends").rglob("*.py")
      if p.stem in ("base", "objects", "ops", "plan", "diff", "render", "ids", "__init__")]
     + [PKG / "tenancy.py", PKG / "inventory.py", PKG / "roots.py", PKG / "units.py"]
+    + [PKG / "backends" / "rdma" / "nccl.py", PKG / "backends" / "rdma" / "envfiles.py"]
+    + [PKG / "webhook" / "admission.py"]
 )
 IO_MODULES = {"os", "socket", "subprocess", "pathlib", "io", "shutil", "select", "ctypes", "pyroute2", "urllib",
               "http", "kubernetes", "psutil", "threading"}
