@@ -66,6 +66,19 @@ def wait_for(condition, deadline_s: float, what: str, interval_s: float = 0.2):
         time.sleep(interval_s)
 
 
+def run_group(argv: list[str], timeout_s: float = 60.0, **kw) -> subprocess.CompletedProcess:
+    """Run a command in its own process group; at the deadline the group is killed and AssertionError raised."""
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _killpg(p)
+        out, err = p.communicate()
+        raise AssertionError(f"{' '.join(argv)}: no result within {timeout_s:g} s\n{out}\n{err}") from None
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
 @dataclass(frozen=True)
 class FabricPort:
     kind: str  # "CA" or "SW"
@@ -119,18 +132,9 @@ class Fabric:
     def run(self, *argv: str, sim_host: str | None = None, timeout_s: float = 60.0,
             check: bool = True) -> subprocess.CompletedProcess:
         """One tool under ibsim-run, in its own process group, killed by group at the deadline."""
-        p = subprocess.Popen(["ibsim-run", *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd=self.dir, env=self.env(sim_host),
-                             start_new_session=True)
-        try:
-            out, err = p.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _killpg(p)
-            out, err = p.communicate()
-            raise AssertionError(f"{' '.join(argv)}: no result within {timeout_s:g} s\n{out}\n{err}") from None
-        cp = subprocess.CompletedProcess(argv, p.returncode, out, err)
-        if check and p.returncode != 0:
-            raise AssertionError(f"{' '.join(argv)} exited {p.returncode}:\n{out}\n{err}")
+        cp = run_group(["ibsim-run", *argv], timeout_s, cwd=self.dir, env=self.env(sim_host))
+        if check and cp.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {cp.returncode}:\n{cp.stdout}\n{cp.stderr}")
         return cp
 
     def opensm_once(self, opts: Path, timeout_s: float = 120.0) -> subprocess.CompletedProcess:

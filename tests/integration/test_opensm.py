@@ -28,7 +28,7 @@ from shaperd.inventory import Inventory, RdmaPort
 from shaperd.kernel import ib_smp
 from shaperd.tenancy import tenancy
 
-from ..ibsim import Fabric, missing_tools, wait_for
+from ..ibsim import Fabric, missing_tools, run_group, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,15 +82,7 @@ def rendered(text: str, max_vls=opensm.DEFAULT_MAX_VLS) -> opensm.OpenSmConfig:
 
 
 def shaperd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    p = subprocess.Popen([sys.executable, "-m", "shaperd", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, cwd=cwd, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        p.communicate()
-        raise
-    return subprocess.CompletedProcess(args, p.returncode, out, err)
+    return run_group([sys.executable, "-m", "shaperd", *args], 60, cwd=cwd)
 
 
 def tables_at(fabric: Fabric, lid: int, port: int) -> tuple[tuple[ib_smp.Sl2VlRow, ...], ib_smp.VlArb]:
@@ -160,8 +152,7 @@ def test_rendered_tables_land_on_hca_and_switch_ports(fabric, tmp_path):
 
 def test_write_and_sighup_reprogram_the_running_opensm(fabric, tmp_path):
     opts = tmp_path / "opensm.conf"
-    gen = subprocess.run(["opensm", "-c", str(opts)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                         env=fabric.env(), start_new_session=True)
+    gen = run_group(["opensm", "-c", str(opts)], 60, cwd=tmp_path, env=fabric.env())  # every option at its default
     assert gen.returncode == 0 and opts.exists(), gen.stdout + gen.stderr
     original = opts.read_bytes()
     first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
