@@ -19,6 +19,7 @@ the cache changed; the daemon debounces and reconciles.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import threading
@@ -42,9 +43,17 @@ from .pods import PodInfo, describe_pod, object_resource_version
 _log = log.get("shaperd.k8s")
 
 POD_EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED")
+# A watch that delivered no event but stayed open this long was not a failure
+# to connect: the next failure starts the backoff from the beginning.
+PROGRESS_AFTER_S = 5.0
+# A watch that ended cleanly, without events, sooner than this is treated like a
+# failure (backed off): a server closing watches at once must not be hammered.
+QUICK_CLOSE_S = 1.0
 
 
+@functools.cache
 def _watch_class():
+    """RawWatch, built once on first use: only `shaperd run` with Kubernetes imports the client library."""
     from kubernetes import watch
 
     class RawWatch(watch.Watch):
@@ -86,13 +95,24 @@ class PodWatcher:
         watch_timeout_s: int = 300,
         backoff: Backoff = Backoff(),
         client_configuration: Any = None,
+        *,
+        rng: random.Random | None = None,
+        wait: Callable[[float], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         """``request_timeout_s``: connect and read timeout of a list, and the grace
         beyond ``watch_timeout_s`` before a silent watch is given up (bounded waits,
         so a hung server is noticed). ``watch_timeout_s``: the server closes each
         watch after this long (timeoutSeconds) and we resume from the last version;
         5 min like client-go's lower bound. ``client_configuration`` overrides
-        kubeconfig loading (tests, embedding)."""
+        kubeconfig loading (tests, embedding).
+
+        Time is injectable, so tests assert the schedule the loop asks for
+        instead of measuring it: ``rng`` is the backoff jitter's random source;
+        ``wait(delay_s)`` is how the loop waits between attempts (default: on
+        the stop event, so ``stop()`` cuts the wait short; an injected one must
+        return by itself); ``clock`` (monotonic seconds) judges how long a
+        watch lived (``PROGRESS_AFTER_S``, ``QUICK_CLOSE_S``)."""
         if not node_name:
             raise ValueError("node_name is required (the downward API's spec.nodeName)")
         self.node_name = node_name
@@ -103,7 +123,8 @@ class PodWatcher:
         self.request_timeout_s = float(request_timeout_s)
         self.watch_timeout_s = int(watch_timeout_s)
         self.backoff = backoff
-        self._rng = random.Random()
+        self._rng = rng if rng is not None else random.Random()
+        self._clock = clock
 
         self._lock = threading.Lock()
         self._pods: dict[str, PodInfo] = {}
@@ -112,10 +133,11 @@ class PodWatcher:
         self._has_synced = False
         self._last_error: str | None = None
         self._stop = threading.Event()
+        self._wait = wait if wait is not None else self._stop.wait
         self._thread: threading.Thread | None = None
         self._watch = None
         self._api = None
-        self._progress = False  # the last watch delivered events or lived >= 5 s before it failed
+        self._progress = False  # the last watch delivered events or lived >= PROGRESS_AFTER_S before it failed
 
     # ---- public surface
 
@@ -170,6 +192,7 @@ class PodWatcher:
 
     @property
     def resource_version(self) -> str | None:
+        """The version the cache is at: set together with the cache change, before ``on_change()``."""
         return self._rv
 
     # ---- loop
@@ -215,7 +238,7 @@ class PodWatcher:
             delay = self.backoff.delay_s(attempt, self._rng)
             attempt += 1
             _log.info("k8s_retry", node=self.node_name, in_s=round(delay, 2), attempt=attempt)
-            self._stop.wait(delay)
+            self._wait(delay)
 
     def _fail(self, err: KubernetesError, level: str = "warning", exc_info: bool = False) -> None:
         if self._stop.is_set():
@@ -276,7 +299,7 @@ class PodWatcher:
     def _watch_once(self) -> bool:
         """One watch connection. False when it ended at once without a single event."""
         w = _watch_class()()
-        started, events = time.monotonic(), 0
+        started, events = self._clock(), 0
         self._progress = False
         self._watch = w
         api = self._api
@@ -307,11 +330,11 @@ class PodWatcher:
                     events += 1
                     self._apply(event)
         except Exception as e:
-            self._progress = events > 0 or time.monotonic() - started >= 5.0
+            self._progress = events > 0 or self._clock() - started >= PROGRESS_AFTER_S
             raise map_api_error("watch", f"pods on node {self.node_name} from version {self._rv}", e) from e
         finally:
             self._watch = None
-        return events > 0 or self._stop.is_set() or time.monotonic() - started >= 1.0
+        return events > 0 or self._stop.is_set() or self._clock() - started >= QUICK_CLOSE_S
 
     def _apply(self, event: dict) -> None:
         etype, obj = event["type"], event["raw_object"]
