@@ -332,3 +332,33 @@ def test_load_client_config(tmp_path, monkeypatch, api):
         load_client_config(None)
     # an explicit kubeconfig still wins inside a pod
     assert load_client_config(str(kc)).host == api.url
+
+
+def test_stop_between_response_and_stream_still_cuts_the_watch(api, tmp_path, monkeypatch):
+    """stop() that lands after the watch's headers arrived but before the library kept the
+    response (a window the library's own Watch.stop misses) still ends the thread: without
+    the cut it would read until the server's timeout (300 s here)."""
+    from kubernetes import client
+
+    kubeconfig = write_kubeconfig(tmp_path / "kc", api.url)
+    w = PodWatcher(NODE, lambda: None, kubeconfig=str(kubeconfig), request_timeout_s=10, watch_timeout_s=300)
+    orig = client.CoreV1Api.list_pod_for_all_namespaces
+    stopper: list[threading.Thread] = []
+
+    def list_then_stop(self, **kw):
+        resp = orig(self, **kw)
+        if kw.get("watch") and not stopper:
+            t = threading.Thread(target=w.stop, kwargs={"timeout_s": 30}, daemon=True)
+            stopper.append(t)
+            t.start()
+            assert w._stop.wait(30)  # stop() has begun; the library has not seen resp yet
+        return resp
+
+    monkeypatch.setattr(client.CoreV1Api, "list_pod_for_all_namespaces", list_then_stop)
+    w.start()
+    try:
+        assert wait(lambda: stopper, 30)
+        stopper[0].join(20)
+        assert not stopper[0].is_alive() and not w._thread.is_alive()
+    finally:
+        w.stop()

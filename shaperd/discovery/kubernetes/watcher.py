@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -83,6 +84,16 @@ def _watch_class():
     return RawWatch
 
 
+def _cut(resp) -> None:
+    """Shut the socket under a streaming response, so a read blocked on it returns now."""
+    sock = getattr(getattr(resp, "connection", None), "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class PodWatcher:
     """List-then-watch of this node's pods in a background thread, served as a snapshot."""
 
@@ -136,6 +147,7 @@ class PodWatcher:
         self._wait = wait if wait is not None else self._stop.wait
         self._thread: threading.Thread | None = None
         self._watch = None
+        self._resp = None  # the open watch response, cut by stop()
         self._api = None
         self._progress = False  # the last watch delivered events or lived >= PROGRESS_AFTER_S before it failed
 
@@ -161,6 +173,10 @@ class PodWatcher:
         waiting for a hung server is abandoned (daemon thread, it ends at its timeout
         and changes nothing after stop)."""
         self._stop.set()
+        with self._lock:
+            resp = self._resp  # see _watch_once.call: set under the lock, so one of us cuts it
+        if resp is not None:
+            _cut(resp)
         w = self._watch
         if w is not None:
             w.stop()
@@ -306,13 +322,20 @@ class PodWatcher:
 
         def call(**kw):
             resp = api.list_pod_for_all_namespaces(**kw)
-            # Headers of a 2xx arrived: the server answers again. (Non-2xx raised above.)
-            if not self._stop.is_set():
-                with self._lock:
+            # The library keeps the response only after this returns; a stop() in
+            # between would find nothing to cut. Publishing it under the lock that
+            # stop() reads it under means either stop() sees it or we see the stop.
+            with self._lock:
+                self._resp = resp
+                stopping = self._stop.is_set()
+                # Headers of a 2xx arrived: the server answers again. (Non-2xx raised above.)
+                if not stopping:
                     if not self._synced:
                         _log.info("k8s_pods_resynced", node=self.node_name, resource_version=self._rv)
                     self._synced = True
                     self._last_error = None
+            if stopping:
+                _cut(resp)
             return resp
 
         try:
@@ -334,6 +357,8 @@ class PodWatcher:
             raise map_api_error("watch", f"pods on node {self.node_name} from version {self._rv}", e) from e
         finally:
             self._watch = None
+            with self._lock:
+                self._resp = None
         return events > 0 or self._stop.is_set() or self._clock() - started >= QUICK_CLOSE_S
 
     def _apply(self, event: dict) -> None:
