@@ -9,7 +9,10 @@ backoff while the cache is kept (``TransientKubernetesError``), relist
 (``ApiException``, urllib3, socket errors) becomes one of these; the cause
 is chained by the caller (``raise map_api_error(...) from e``).
 
-Messages read "verb object: cause".
+Every class is a ``DiscoveryError`` (shaperd/errors.py): the API server
+is where the agent discovers the pods on its node, so one that reaches a
+reconcile is counted as error kind "discovery". Messages read "verb
+object: cause".
 
 Must not: retry, log or decide backoff; that is the watcher's.
 """
@@ -18,10 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import ShaperdError
+from ...errors import DiscoveryError
 
 
-class KubernetesError(ShaperdError):
+class KubernetesError(DiscoveryError):
     """A request to the API server failed or returned something unusable: 'verb object: cause'."""
 
     def __init__(self, verb: str, obj: str, cause: str, status: int | None = None):
