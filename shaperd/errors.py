@@ -37,10 +37,6 @@ class ConfigError(ShaperdError):
         super().__init__(f"invalid tenants file {source}: {len(self.problems)} problem(s)\n{lines}")
 
 
-class PlanError(ConfigError):
-    """The file is valid on its own but not for this node (e.g. guarantees above a link's capacity)."""
-
-
 class KernelError(ShaperdError):
     """A netlink request failed: 'verb object on device: cause'."""
 
