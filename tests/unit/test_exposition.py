@@ -11,7 +11,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shaperd.report.metrics import Metrics, TenantCollector, _Families
+from shaperd.report.collectors import TenantCollector
+from shaperd.report.exposition import Families
+from shaperd.report.metrics import Metrics
 from shaperd.report.sampler import Sampler, Snapshot, Target, TenantSeries
 
 DURATION = "shaperd_scrape_collector_duration_seconds"
@@ -43,11 +45,11 @@ def reference(snap: Snapshot) -> str:
     """prometheus_client's rendering of the tenants collector's families for ``snap``."""
     families = []
     try:
-        for f in TenantCollector(object(), None).collect_from(snap):
+        for f in TenantCollector(object()).collect_from(snap):
             families.append(f)
     except Exception:  # noqa: BLE001 - _Unhealthy after the families
         pass
-    return generate_latest(_Families(families)).decode()
+    return generate_latest(Families(families)).decode()
 
 
 names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12) | st.sampled_from(
@@ -155,6 +157,6 @@ def test_tenant_text_is_rendered_once_per_snapshot():
 def test_value_format_is_floattogostring(v):
     from prometheus_client.utils import floatToGoString
 
-    from shaperd.report.metrics import format_value
+    from shaperd.report.exposition import format_value
 
     assert format_value(v) == floatToGoString(v)
