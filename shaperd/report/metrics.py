@@ -14,7 +14,8 @@ agree. The tenant text is a function of the sampler's snapshot alone and is
 kept until the sampler publishes the next one (0.5 s), so a second scrape
 of the same snapshot does not render it again.
 
-Every daemon (and every test) builds its own CollectorRegistry.
+Every daemon (and every test) builds its own CollectorRegistry. Clocks are
+arguments, so a test can put the agent at any instant.
 """
 
 from __future__ import annotations
@@ -36,20 +37,25 @@ RECONCILE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 
 
 class Metrics:
-    """The daemon's registry and the hooks the loop calls."""
+    """The daemon's registry and the hooks the loop calls.
 
-    def __init__(self, sampler: Sampler | None, registry: CollectorRegistry | None = None):
+    ``wall``: wall-clock seconds (timestamps, snapshot staleness);
+    ``monotonic``: seconds for ages (loop ticks, time out of sync).
+    """
+
+    def __init__(self, sampler: Sampler | None, registry: CollectorRegistry | None = None, *,
+                 wall=time.time, monotonic=time.monotonic):
         from .. import log
 
-        self._wall, self._mono = time.time, time.monotonic
+        self._wall, self._mono = wall, monotonic
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
-        self.state = AgentState()
+        self.state = AgentState(last_tick_mono=monotonic())
         self.sampler = sampler
         # The histogram is not registered on its own: the agent collector yields it.
         self.reconcile_seconds = Histogram("shaperd_reconcile_duration_seconds", "Time one reconcile took",
                                            buckets=RECONCILE_BUCKETS_S, registry=None)
         self.collectors = TimedCollectors({
-            "tenants": TenantCollector(sampler),
+            "tenants": TenantCollector(sampler, clock=wall),
             "agent": AgentCollector(self.state, self.reconcile_seconds),
         }, log.get("shaperd.metrics"))
         self.registry.register(self.collectors)
