@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import given, settings
@@ -81,7 +81,7 @@ def test_integrals_are_bounded_by_what_happened(chunks):
     acc = Accumulator()
     key = ("eth0", 0x73680010)
     tgt = {key: Target("a", "eth0", key[1], G, 4 * G)}
-    t, b, q = 0.0, 0, 0
+    t, b = 0.0, 0
     acc.ingest(t, {key: C()}, tgt)
     last = (0.0, 0.0)
     for sent, dt, queued in chunks:
@@ -243,3 +243,50 @@ def test_bar_marks_guarantee_and_borrowing():
     assert bar(50, 25, 100, width=8) == "[##++....]"
     assert bar(10, 50, 100, width=10) == "[#....|....]"
     assert bar(100, 100, 100, width=4) == "[####]"
+
+
+def _driven(targets: dict, counters: dict):
+    """A Sampler on an injected clock, reading whatever ``counters`` holds now."""
+    now = [0.0]
+    s = Sampler(lambda: dict(counters), clock=lambda: now[0], wall=lambda: WALL + now[0])
+    s.set_targets(targets)
+    return s, now
+
+
+def test_pressing_on_the_limit_borrows_what_is_above_the_guarantee():
+    """The math of the integration test, exactly: 4 s at a 100 Mbit/s limit with a 50 Mbit/s
+    guarantee, queue full, HTB throttling: 25 MB borrowed, no time below the guarantee."""
+    key = ("up0", 0x73680030)
+    counters = {key: C(rate_Bps=50_000_000 // 8, ceil_Bps=100_000_000 // 8)}
+    s, now = _driven({key: Target("capped", "up0", key[1], 50_000_000, 100_000_000)}, counters)
+    s.sample_once()
+    for i in range(1, 9):  # 0.5 s apart, 100 Mbit/s = 6.25 MB per interval
+        now[0] += 0.5
+        counters[key] = replace(counters[key], bytes=i * 6_250_000, qlen=40, overlimits=i * 100, drops=i * 3)
+        s.sample_once()
+    (series,) = s.snapshot.series
+    assert series.borrowed_bytes == pytest.approx(25_000_000)
+    assert series.below_guarantee_s == 0
+    assert series.rate_bps == pytest.approx(100_000_000)
+    assert series.drops == 24 and series.overlimits == 800
+
+
+def test_a_starved_tenant_counts_every_interval_its_queue_stayed_full():
+    """Backlogged for 5 s while the device drains at 100 Mbit/s, a quarter of the 400 Mbit/s
+    guarantee: 4.5 s below it (the first interval started with an empty queue, so it is not
+    demand). An idle tenant on the same device counts nothing."""
+    busy, idle = ("up0", 0x73680010), ("up0", 0x73680020)
+    counters = {busy: C(), idle: C()}
+    s, now = _driven({busy: Target("alpha", "up0", busy[1], 400_000_000, None),
+                      idle: Target("beta", "up0", idle[1], 100_000_000, None)}, counters)
+    s.sample_once()
+    for i in range(1, 11):
+        now[0] += 0.5
+        counters[busy] = C(bytes=i * 6_250_000, qlen=200, backlog_bytes=280_000)
+        s.sample_once()
+    got = {x.target.tenant: x for x in s.snapshot.series}
+    assert got["alpha"].below_guarantee_s == pytest.approx(4.5)
+    assert got["alpha"].borrowed_bytes == 0
+    assert got["alpha"].rate_bps == pytest.approx(100_000_000)
+    assert got["beta"].below_guarantee_s == 0 and got["beta"].bytes == 0
+    assert s.snapshot.taken_at == WALL + 5.0
