@@ -82,7 +82,7 @@ def test_pods_followed_live_through_the_api(bed, tmp_path, api):
 
     def metrics() -> dict[tuple, float]:
         try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=20).read().decode()
         except OSError:
             return {}
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -93,7 +93,7 @@ def test_pods_followed_live_through_the_api(bed, tmp_path, api):
 
     def ready() -> bool:
         try:
-            return urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status == 200
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=20).status == 200
         except OSError:
             return False
 

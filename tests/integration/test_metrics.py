@@ -71,7 +71,7 @@ OVERHEAD = 8 + 20 + 14
 SCRAPE = r"""
 import sys, urllib.request, urllib.error
 try:
-    r = urllib.request.urlopen("http://127.0.0.1:%s%s" % (sys.argv[1], sys.argv[2]), timeout=5)
+    r = urllib.request.urlopen("http://127.0.0.1:%s%s" % (sys.argv[1], sys.argv[2]), timeout=20)
     print(r.status); sys.stdout.write(r.read().decode())
 except urllib.error.HTTPError as e:
     print(e.code); sys.stdout.write(e.read().decode())
