@@ -153,7 +153,7 @@ def test_field_selector_and_node_name_reach_the_server(api, make_watcher):
 
 def test_bookmark_advances_the_version_a_reconnect_uses(api, make_watcher):
     api.add_pod(make_pod("a", NODE))
-    w, _ = make_watcher()
+    w, changes = make_watcher()
     assert wait(lambda: w.synced and api.watch_requests())
     api.unrelated_writes(7)  # other nodes' pods: the global version moves, we see no event
     bm = api.bookmark()
@@ -162,6 +162,8 @@ def test_bookmark_advances_the_version_a_reconnect_uses(api, make_watcher):
     api.drop_watches()
     assert wait(lambda: len(api.watch_requests()) > before)
     assert api.watch_requests()[-1]["resourceVersion"] == str(bm)
+    b = api.add_pod(make_pod("b", NODE))
+    assert changes.wait_rv(rv(b))  # the resumed watch delivers
     assert len(api.list_requests()) == 1  # resumed, not relisted
 
 
