@@ -46,4 +46,7 @@ class KernelError(ShaperdError):
 
 
 class DiscoveryError(ShaperdError):
-    """What is on the node could not be read (a link, sysfs, a route)."""
+    """What is on the node could not be read (a link, sysfs, a route, the pods from the Kubernetes API).
+
+    Raised as its subclasses in discovery/kubernetes/errors.py.
+    """

@@ -95,6 +95,9 @@ class FakeKubeAPI:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> None:
+        """Serve (the constructor already does; after go_down, come_back does)."""
+        if self.running:
+            return  # a second serve_forever thread on one server would make shutdown() wait on the wrong one
         if self._server is None:
             self._server = _Server(self, (self.host, self.port))
         self.running = True
@@ -159,10 +162,11 @@ class FakeKubeAPI:
     def set_labels(self, uid: str, labels: dict) -> dict:
         return self.modify_pod(uid, lambda p: p["metadata"].__setitem__("labels", dict(labels)))
 
-    def delete_pod(self, uid: str) -> None:
+    def delete_pod(self, uid: str) -> int:
+        """Returns the version of the DELETED event."""
         with self._cond:
             pod = self.pods.pop(uid)
-            self._emit("DELETED", pod)
+            return self._emit("DELETED", pod)
 
     def unrelated_writes(self, n: int = 1) -> int:
         """Writes elsewhere in the cluster: the version moves, our watchers see nothing."""
@@ -218,14 +222,6 @@ class FakeKubeAPI:
 
     def list_requests(self) -> list[dict]:
         return [r for r in self.requests if not r.get("watch")]
-
-    def wait_for(self, pred, timeout: float = 5.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if pred():
-                return True
-            time.sleep(0.02)
-        return pred()
 
 
 def _selected(pod: dict | None, node: str | None) -> bool:

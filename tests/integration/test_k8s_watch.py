@@ -1,12 +1,22 @@
 """PodWatcher against a fake API server, through the official client library (no root).
 
 Every test gets its own fake server, kubeconfig and watcher, stopped even
-when the test fails. Timings are short (backoff 0.05..0.5 s) so the suite
-is quick; the assertions are about behaviour, not exact delays.
+when the test fails. Nothing here depends on how fast the machine is:
+
+- waits are on conditions, with a deadline (DEADLINE) that only bounds a
+  failure;
+- the backoff schedule is asserted as the delays the watcher asked for
+  (an injected ``wait`` records them), not as measured gaps;
+- "X must not happen" is made observable: ``Changes`` records the
+  watcher's resourceVersion at every on_change call, and the test waits
+  until a later event (a sentinel) was processed before it asserts which
+  calls there were. The watcher applies events in order on one thread, so
+  a call for the earlier event would already be on record.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -16,32 +26,45 @@ from shaperd.discovery.kubernetes import Backoff, KubernetesConfigError, PodWatc
 from tests.k8s_fake import FakeKubeAPI, make_pod, write_kubeconfig
 
 NODE = "gpu-node-7"
+DEADLINE = 30.0  # seconds; bounds a failure only, a passing run never waits for it
+FAST = Backoff(initial_s=0.05, max_s=0.5)
 
 
 class Changes:
-    """Counts on_change calls; the test waits for the next one."""
+    """on_change: records the watcher's resourceVersion at each call."""
 
     def __init__(self):
-        self.n = 0
+        self.watcher: PodWatcher | None = None
+        self.rvs: list[str | None] = []
         self.cond = threading.Condition()
 
     def __call__(self):
         with self.cond:
-            self.n += 1
+            self.rvs.append(self.watcher.resource_version if self.watcher else None)
             self.cond.notify_all()
 
-    def wait_beyond(self, n: int, timeout: float = 1.0) -> bool:
+    def wait_rv(self, rv: str | int, timeout: float = DEADLINE) -> bool:
+        """Until on_change was called for the event at version ``rv``."""
         with self.cond:
-            return self.cond.wait_for(lambda: self.n > n, timeout)
+            return self.cond.wait_for(lambda: str(rv) in self.rvs, timeout)
 
 
-def wait(pred, timeout: float = 5.0) -> bool:
+def wait(pred, timeout: float = DEADLINE) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
             return True
         time.sleep(0.01)
     return bool(pred())
+
+
+def rv(obj: dict) -> str:
+    return obj["metadata"]["resourceVersion"]
+
+
+def at_least(w: PodWatcher, version: str | int) -> bool:
+    """The watcher has processed everything up to ``version``."""
+    return w.resource_version is not None and int(w.resource_version) >= int(version)
 
 
 @pytest.fixture
@@ -56,10 +79,11 @@ def make_watcher(api, tmp_path):
     made = []
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
 
-    def make(node=NODE, watch_timeout_s=30, **kw):
+    def make(node=NODE, watch_timeout_s=30, request_timeout_s=10.0, backoff=FAST, **kw):
         changes = Changes()
-        w = PodWatcher(node, changes, kubeconfig=str(kubeconfig), request_timeout_s=kw.pop("request_timeout_s", 2.0),
-                       watch_timeout_s=watch_timeout_s, backoff=Backoff(initial_s=0.05, max_s=0.5), **kw)
+        w = PodWatcher(node, changes, kubeconfig=str(kubeconfig), request_timeout_s=request_timeout_s,
+                       watch_timeout_s=watch_timeout_s, backoff=backoff, **kw)
+        changes.watcher = w
         made.append(w)
         w.start()
         return w, changes
@@ -76,44 +100,43 @@ def names(w: PodWatcher) -> set[str]:
 def test_list_then_watch_add_modify_delete(api, make_watcher):
     a = api.add_pod(make_pod("a", NODE, labels={"tenant": "blue"}))
     api.add_pod(make_pod("elsewhere", "other-node"))
+    listed = api.rv
     w, changes = make_watcher()
-    assert wait(lambda: w.synced)
-    assert names(w) == {"a"}
-    assert changes.n == 1  # the initial list
+    assert changes.wait_rv(listed)  # the initial list
+    assert names(w) == {"a"} and w.synced
 
-    n = changes.n
     b = api.add_pod(make_pod("b", NODE, ips=("10.0.0.2", "fd00::2"), qos="Guaranteed"))
-    assert changes.wait_beyond(n)
+    assert changes.wait_rv(rv(b))
     pb = w.snapshot()[b["metadata"]["uid"]]
     assert pb.ips == ("10.0.0.2", "fd00::2") and pb.qos_class == "Guaranteed" and pb.node == NODE
 
-    n = changes.n
-    api.set_labels(a["metadata"]["uid"], {"tenant": "red"})
-    assert changes.wait_beyond(n)
+    relabelled = api.set_labels(a["metadata"]["uid"], {"tenant": "red"})
+    assert changes.wait_rv(rv(relabelled))
     assert w.snapshot()[a["metadata"]["uid"]].labels == {"tenant": "red"}
 
-    n = changes.n
-    api.delete_pod(b["metadata"]["uid"])
-    assert changes.wait_beyond(n)
+    deleted = api.delete_pod(b["metadata"]["uid"])
+    assert changes.wait_rv(deleted)
     assert names(w) == {"a"}
 
-    # a pod on another node changes: nothing reaches us
-    n = changes.n
+    # a pod on another node changes: nothing reaches us. The sentinel after it proves
+    # the watcher got past it; the record shows one call per change, none for c.
     api.add_pod(make_pod("c", "other-node"))
-    assert not changes.wait_beyond(n, 0.3)
+    d = api.add_pod(make_pod("d", NODE))
+    assert changes.wait_rv(rv(d))
+    assert changes.rvs == [str(listed), rv(b), rv(relabelled), str(deleted), rv(d)]
+    assert names(w) == {"a", "d"}
 
 
 def test_modified_that_shaperd_ignores_does_not_call_on_change(api, make_watcher):
     a = api.add_pod(make_pod("a", NODE))
+    listed = api.rv
     w, changes = make_watcher()
-    assert wait(lambda: w.synced)
-    n = changes.n
-    api.modify_pod(a["metadata"]["uid"], lambda p: p["status"].__setitem__("conditions", [{"type": "Ready"}]))
-    assert wait(lambda: w.resource_version == a["metadata"]["resourceVersion"] or
-                int(w.resource_version) > int(a["metadata"]["resourceVersion"]))
-    assert not changes.wait_beyond(n, 0.3)
-    api.modify_pod(a["metadata"]["uid"], lambda p: p["status"].__setitem__("phase", "Succeeded"))
-    assert changes.wait_beyond(n)
+    assert changes.wait_rv(listed)
+    ignored = api.modify_pod(a["metadata"]["uid"], lambda p: p["status"].__setitem__("conditions", [{"type": "Ready"}]))
+    assert wait(lambda: at_least(w, rv(ignored)))  # processed: the watcher is at its version
+    finished = api.modify_pod(a["metadata"]["uid"], lambda p: p["status"].__setitem__("phase", "Succeeded"))
+    assert changes.wait_rv(rv(finished))
+    assert changes.rvs == [str(listed), rv(finished)]  # no call for the condition change
     assert w.snapshot()[a["metadata"]["uid"]].phase == "Succeeded"
 
 
@@ -130,7 +153,7 @@ def test_field_selector_and_node_name_reach_the_server(api, make_watcher):
 
 def test_bookmark_advances_the_version_a_reconnect_uses(api, make_watcher):
     api.add_pod(make_pod("a", NODE))
-    w, _ = make_watcher()
+    w, changes = make_watcher()
     assert wait(lambda: w.synced and api.watch_requests())
     api.unrelated_writes(7)  # other nodes' pods: the global version moves, we see no event
     bm = api.bookmark()
@@ -139,6 +162,8 @@ def test_bookmark_advances_the_version_a_reconnect_uses(api, make_watcher):
     api.drop_watches()
     assert wait(lambda: len(api.watch_requests()) > before)
     assert api.watch_requests()[-1]["resourceVersion"] == str(bm)
+    b = api.add_pod(make_pod("b", NODE))
+    assert changes.wait_rv(rv(b))  # the resumed watch delivers
     assert len(api.list_requests()) == 1  # resumed, not relisted
 
 
@@ -146,8 +171,8 @@ def test_watch_timeout_resumes_from_last_version(api, make_watcher):
     w, changes = make_watcher(watch_timeout_s=1)
     assert wait(lambda: w.synced)
     a = api.add_pod(make_pod("a", NODE))
-    assert wait(lambda: len(api.watch_requests()) >= 2, 4)
-    assert api.watch_requests()[1]["resourceVersion"] == a["metadata"]["resourceVersion"]
+    assert wait(lambda: len(api.watch_requests()) >= 2)  # the server ended the first watch after 1 s
+    assert api.watch_requests()[1]["resourceVersion"] == rv(a)
     assert len(api.list_requests()) == 1 and w.synced
 
 
@@ -158,8 +183,7 @@ def test_410_relists_and_forgets_pods_deleted_in_the_gap(api, make_watcher, gone
     b = api.add_pod(make_pod("b", NODE))
     w, changes = make_watcher()
     assert wait(lambda: w.synced and api.watch_requests())
-    api.hang()  # the watch goes silent ...
-    time.sleep(0.1)
+    api.hang()  # the watch goes silent (the fake sends nothing more once this returns) ...
     api.delete_pod(b["metadata"]["uid"])  # ... while b is deleted
     c = api.add_pod(make_pod("c", NODE))
     api.compact()  # and history is compacted past our version
@@ -175,52 +199,78 @@ def test_410_relists_and_forgets_pods_deleted_in_the_gap(api, make_watcher, gone
 
 
 def test_server_down_keeps_snapshot_then_recovers(api, make_watcher):
+    delays: list[float] = []
+
+    def spaced(d: float) -> None:  # the real spacing, recorded
+        delays.append(d)
+        time.sleep(d)
+
     api.add_pod(make_pod("a", NODE))
-    w, changes = make_watcher()
-    assert wait(lambda: w.synced)
+    w, changes = make_watcher(wait=spaced, backoff=Backoff(initial_s=0.05, max_s=0.5, jitter=0.0))
+    assert wait(lambda: w.synced and api.watch_requests())
+    assert delays == []
     api.go_down()
-    assert wait(lambda: not w.synced, 2)
+    assert wait(lambda: not w.synced)
     assert names(w) == {"a"} and w.has_synced  # last known state is still served
     assert "Connection refused" in (w.last_error or "") or "watch pods" in (w.last_error or "")
-    t_down = time.monotonic()
-    time.sleep(1.0)
-    # backoff: attempts spread out (0.05 doubling to 0.5 s cap) instead of a tight loop
-    assert not w.synced
+    # Three failed reconnects while down, spaced further and further apart, not a tight loop;
+    # the cache is kept through all of them.
+    assert wait(lambda: len(delays) >= 4)
+    assert delays[:3] == [0.05, 0.1, 0.2]
+    assert not w.synced and names(w) == {"a"}
     api.come_back()
-    n = changes.n
     b = api.add_pod(make_pod("b", NODE))
-    assert wait(lambda: w.synced, 3)
-    assert w.last_error is None
-    assert changes.wait_beyond(n, 2)
+    assert changes.wait_rv(rv(b))
+    assert w.synced and w.last_error is None
     assert b["metadata"]["uid"] in w.snapshot()
     # resumed the watch from the version it had, no relist needed
     assert len(api.list_requests()) == 1
-    assert time.monotonic() - t_down < 5
 
 
 def test_reconnects_back_off_exponentially(api, tmp_path):
-    """While the server is down, attempts are spaced further and further apart (with jitter)."""
+    """While the server is down, each attempt waits longer (x2 up to the cap), jittered from the rng."""
     api.go_down()
     kubeconfig = write_kubeconfig(tmp_path / "kc", api.url)
-    times: list[float] = []
-    w = PodWatcher(NODE, lambda: None, kubeconfig=str(kubeconfig), request_timeout_s=1,
-                   backoff=Backoff(initial_s=0.05, max_s=0.4, jitter=0.0))
-    orig = w._list
+    backoff = Backoff(initial_s=0.05, max_s=0.4, jitter=0.5)
+    delays: list[float] = []
+    enough = threading.Event()
 
-    def counted(consistent):
-        times.append(time.monotonic())
-        return orig(consistent)
+    def record(d: float) -> None:  # no real waiting: the schedule is what is under test
+        delays.append(d)
+        if len(delays) >= 8:
+            enough.set()
+            time.sleep(0.01)  # until stop(): do not spin on a server that is down
 
-    w._list = counted
+    w = PodWatcher(NODE, lambda: None, kubeconfig=str(kubeconfig), request_timeout_s=10,
+                   backoff=backoff, rng=random.Random(42), wait=record)
     w.start()
     try:
-        time.sleep(1.6)
+        assert enough.wait(DEADLINE)
     finally:
         w.stop()
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    assert len(gaps) >= 4
-    assert gaps[0] < 0.15 and gaps[1] > gaps[0] and max(gaps) < 0.6
+    rng = random.Random(42)
+    assert delays[:8] == [backoff.delay_s(i, rng) for i in range(8)]
+    ceilings = [0.05, 0.1, 0.2, 0.4, 0.4, 0.4, 0.4, 0.4]
+    assert all(c / 2 <= d <= c for d, c in zip(delays, ceilings))
     assert not w.synced and not w.has_synced and w.snapshot() == {}
+
+
+def test_a_watch_that_lived_restarts_the_backoff(api, make_watcher):
+    """Watches cut young: the backoff climbs. One that lived PROGRESS_AFTER_S (on the injected
+    clock) before it was cut: the next delay starts from the beginning again."""
+    from shaperd.discovery.kubernetes.watcher import PROGRESS_AFTER_S
+
+    now = [1000.0]
+    delays: list[float] = []
+    w, _ = make_watcher(backoff=Backoff(initial_s=0.05, max_s=0.4, jitter=0.0), clock=lambda: now[0],
+                        wait=delays.append)
+    assert wait(lambda: w.synced and len(api.watch_requests()) == 1)
+    for i, advance in enumerate((0.0, 0.0, PROGRESS_AFTER_S)):
+        now[0] += advance  # the open watch's age on the watcher's clock
+        api.drop_watches()
+        assert wait(lambda: len(delays) >= i + 1 and len(api.watch_requests()) >= i + 2)
+    assert delays == [0.05, 0.1, 0.05]
+    assert len(api.list_requests()) == 1
 
 
 def test_garbage_line_resumes_from_last_good_version(api, make_watcher):
@@ -231,10 +281,11 @@ def test_garbage_line_resumes_from_last_good_version(api, make_watcher):
     before = len(api.watch_requests())
     api.garbage("<html>502 Bad Gateway</html>")
     b = api.add_pod(make_pod("b", NODE))
-    assert wait(lambda: names(w) == {"a", "b"}, 3)
+    assert wait(lambda: names(w) == {"a", "b"})
     # the stream was abandoned at the garbage and resumed from a's version, so b was not lost
-    assert api.watch_requests()[before]["resourceVersion"] == a["metadata"]["resourceVersion"]
+    assert api.watch_requests()[before]["resourceVersion"] == rv(a)
     assert wait(lambda: w.synced)
+    assert b["metadata"]["uid"] in w.snapshot()
 
 
 def test_poison_line_in_history_leads_to_a_relist(api, make_watcher):
@@ -243,7 +294,7 @@ def test_poison_line_in_history_leads_to_a_relist(api, make_watcher):
     a = api.add_pod(make_pod("a", NODE))
     api.garbage("{{{ truncated", persistent=True)  # replayed to every watch resuming before it
     b = api.add_pod(make_pod("b", NODE))
-    assert wait(lambda: names(w) == {"a", "b"}, 3)
+    assert wait(lambda: names(w) == {"a", "b"})
     assert wait(lambda: w.synced)
     lists = api.list_requests()
     assert len(lists) == 2 and lists[1]["resourceVersion"] is None
@@ -255,8 +306,9 @@ def test_malformed_pods_are_skipped_others_applied(api, make_watcher):
     bad_list["metadata"]["labels"] = ["not", "a", "map"]
     api.add_pod(bad_list)
     api.add_pod(make_pod("good-in-list", NODE))
+    listed = api.rv
     w, changes = make_watcher()
-    assert wait(lambda: w.synced)
+    assert changes.wait_rv(listed)
     assert names(w) == {"good-in-list"}
 
     bad_ip = make_pod("bad-ip", NODE, ips=("not-an-ip",))
@@ -266,51 +318,65 @@ def test_malformed_pods_are_skipped_others_applied(api, make_watcher):
     api.raw_event("ADDED", no_uid)
     api.raw_event("ADDED", "a string, not a pod")  # valid JSON, not an object
     host = api.add_pod(make_pod("good-after", NODE, host_network=True, ips=("192.0.2.10",)))
-    assert wait(lambda: names(w) == {"good-in-list", "good-after"}, 3)
+    assert changes.wait_rv(rv(host))
+    assert names(w) == {"good-in-list", "good-after"}
     assert w.snapshot()[host["metadata"]["uid"]].host_network is True
+    assert changes.rvs == [str(listed), rv(host)]  # the three bad events called nobody
+
     # a pod that turns malformed keeps its last good entry; a later good event applies
     uid = host["metadata"]["uid"]
-    api.modify_pod(uid, lambda p: p["spec"].__setitem__("hostNetwork", "yes"))
-    time.sleep(0.2)
+    bad = api.modify_pod(uid, lambda p: p["spec"].__setitem__("hostNetwork", "yes"))
+    assert wait(lambda: at_least(w, rv(bad)))
     assert w.snapshot()[uid].host_network is True and w.synced
 
     def repair(p):
         p["spec"]["hostNetwork"] = True
         p["metadata"]["labels"] = {"tenant": "x"}
-    api.modify_pod(uid, repair)
-    assert wait(lambda: w.snapshot()[uid].labels == {"tenant": "x"})
-    assert w.snapshot()[uid].host_network is True
+    fixed = api.modify_pod(uid, repair)
+    assert changes.wait_rv(rv(fixed))
+    assert w.snapshot()[uid].labels == {"tenant": "x"} and w.snapshot()[uid].host_network is True
+    assert changes.rvs == [str(listed), rv(host), rv(fixed)]  # none for the malformed version
 
 
 def test_hanging_server_does_not_block_stop(api, make_watcher):
-    w, _ = make_watcher(request_timeout_s=30.0)
+    w, changes = make_watcher(request_timeout_s=30.0)
     assert wait(lambda: w.synced and api.watch_requests())
+    calls = len(changes.rvs)
     api.hang()
-    api.drop_watches()  # the reconnect now waits on a server that never answers
-    assert wait(lambda: len(api.watch_requests()) >= 2, 3)
-    t = time.monotonic()
-    w.stop()
-    assert time.monotonic() - t < 2.5
-    assert not w.synced
+    api.drop_watches()  # the reconnect now waits on a server that never answers (for up to 60 s)
+    assert wait(lambda: len(api.watch_requests()) >= 2)
+    stopper = threading.Thread(target=w.stop, kwargs={"timeout_s": 0.5}, daemon=True)
+    stopper.start()
+    stopper.join(DEADLINE)
+    assert not stopper.is_alive()  # stop() returned ...
+    assert w._thread.is_alive() and not w.synced  # ... and abandoned the request still open
+    # The abandoned request changes nothing when the server answers after all.
+    api.hang(False)
+    late = api.add_pod(make_pod("late", NODE))
+    w._thread.join(DEADLINE)
+    assert not w._thread.is_alive()
+    assert late["metadata"]["uid"] not in w.snapshot()
+    assert not w.synced and len(changes.rvs) == calls
 
 
-def test_stop_during_open_watch_is_prompt(api, make_watcher):
+def test_stop_during_open_watch_ends_the_thread(api, make_watcher):
+    """The watch is cut at the socket: the thread ends instead of reading until the server's
+    timeout (300 s here, far beyond the join)."""
     w, _ = make_watcher(watch_timeout_s=300, request_timeout_s=30.0)
     assert wait(lambda: w.synced and api.watch_requests())
-    time.sleep(0.2)
-    t = time.monotonic()
-    w.stop()
-    assert time.monotonic() - t < 0.5
+    w.stop(timeout_s=DEADLINE)
     assert not w._thread.is_alive()
+    assert not w.synced
 
 
 def test_hanging_list_is_given_up_after_request_timeout(api, make_watcher):
     api.hang()
     w, _ = make_watcher(request_timeout_s=0.5)
-    assert wait(lambda: w.last_error is not None, 3)
+    assert wait(lambda: w.last_error is not None)
     assert "list pods on node" in w.last_error and "timed out" in w.last_error.lower()
+    assert not w.has_synced
     api.hang(False)
-    assert wait(lambda: w.synced, 3)
+    assert wait(lambda: w.synced)
 
 
 def test_load_client_config(tmp_path, monkeypatch, api):
@@ -332,3 +398,33 @@ def test_load_client_config(tmp_path, monkeypatch, api):
         load_client_config(None)
     # an explicit kubeconfig still wins inside a pod
     assert load_client_config(str(kc)).host == api.url
+
+
+def test_stop_between_response_and_stream_still_cuts_the_watch(api, tmp_path, monkeypatch):
+    """stop() that lands after the watch's headers arrived but before the library kept the
+    response (a window the library's own Watch.stop misses) still ends the thread: without
+    the cut it would read until the server's timeout (300 s here)."""
+    from kubernetes import client
+
+    kubeconfig = write_kubeconfig(tmp_path / "kc", api.url)
+    w = PodWatcher(NODE, lambda: None, kubeconfig=str(kubeconfig), request_timeout_s=10, watch_timeout_s=300)
+    orig = client.CoreV1Api.list_pod_for_all_namespaces
+    stopper: list[threading.Thread] = []
+
+    def list_then_stop(self, **kw):
+        resp = orig(self, **kw)
+        if kw.get("watch") and not stopper:
+            t = threading.Thread(target=w.stop, kwargs={"timeout_s": DEADLINE}, daemon=True)
+            stopper.append(t)
+            t.start()
+            assert w._stop.wait(DEADLINE)  # stop() has begun; the library has not seen resp yet
+        return resp
+
+    monkeypatch.setattr(client.CoreV1Api, "list_pod_for_all_namespaces", list_then_stop)
+    w.start()
+    try:
+        assert wait(lambda: stopper)
+        stopper[0].join(DEADLINE)
+        assert not stopper[0].is_alive() and not w._thread.is_alive()
+    finally:
+        w.stop()

@@ -11,10 +11,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shaperd.report.metrics import Metrics, TenantCollector, _Families
+from shaperd.report.collectors import TenantCollector
+from shaperd.report.exposition import Families
+from shaperd.report.metrics import Metrics
 from shaperd.report.sampler import Sampler, Snapshot, Target, TenantSeries
 
 DURATION = "shaperd_scrape_collector_duration_seconds"
+WALL = 1_700_000_000.0
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,11 @@ def reference(snap: Snapshot) -> str:
     """prometheus_client's rendering of the tenants collector's families for ``snap``."""
     families = []
     try:
-        for f in TenantCollector(object(), None).collect_from(snap):
+        for f in TenantCollector(object()).collect_from(snap):
             families.append(f)
     except Exception:  # noqa: BLE001 - _Unhealthy after the families
         pass
-    return generate_latest(_Families(families)).decode()
+    return generate_latest(Families(families)).decode()
 
 
 names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12) | st.sampled_from(
@@ -89,9 +92,10 @@ def _daemon(n_tenants: int = 3, fail_at: int | None = None):
         return {k: C(bytes=calls["n"] * 12_345_678 + i, packets=calls["n"] * 10 + i, qlen=i % 2)
                 for i, k in enumerate(keys)}
 
-    s = Sampler(read)
+    t = iter(range(100))  # one second per sample; a fixed wall clock: nothing depends on how fast the test runs
+    s = Sampler(read, clock=lambda: float(next(t)), wall=lambda: WALL)
     s.set_targets({k: Target(f't{k[1]}"x', k[0], k[1], 10**9, None) for k in keys})
-    m = Metrics(s, CollectorRegistry())
+    m = Metrics(s, CollectorRegistry(), wall=lambda: WALL + 1.0, monotonic=lambda: 100.0)
     m.config_loaded(True)
     m.reconciled(0.02, {"plan"}, ok=True, drift=False, endpoints={"t16": {"cidr": 1, "interface": 0}})
     return s, m
@@ -150,11 +154,12 @@ def test_tenant_text_is_rendered_once_per_snapshot():
     assert second is not first and second == TenantCollector.render_snapshot(s.snapshot)
 
 
+@settings(deadline=None)  # a property, not a timing
 @given(v=st.integers(-2**70, 2**70) | st.floats(allow_nan=True, allow_infinity=True)
        | st.sampled_from([0, 1, 999_999, 1_000_000, 1_000_001, 10**9, 2**53 - 1, 2**53, 2**53 + 1, 10**16, True]))
 def test_value_format_is_floattogostring(v):
     from prometheus_client.utils import floatToGoString
 
-    from shaperd.report.metrics import format_value
+    from shaperd.report.exposition import format_value
 
     assert format_value(v) == floatToGoString(v)

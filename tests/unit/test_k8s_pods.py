@@ -1,4 +1,4 @@
-"""PodInfo parsing from wire dicts and client-library models; backoff bounds."""
+"""PodInfo parsing from wire dicts and client-library models; backoff bounds; the status-code mapping."""
 
 from __future__ import annotations
 
@@ -7,7 +7,16 @@ import random
 import pytest
 from kubernetes import client
 
-from shaperd.discovery.kubernetes import Backoff, PodInfo, PodParseError
+from shaperd.discovery.kubernetes import (
+    Backoff,
+    KubernetesError,
+    PodInfo,
+    PodParseError,
+    ResourceExpired,
+    TransientKubernetesError,
+    map_api_error,
+)
+from shaperd.errors import DiscoveryError
 
 
 def wire(**over) -> dict:
@@ -116,3 +125,37 @@ def test_backoff_grows_caps_and_jitters():
             d = b.delay_s(attempt, rng)
             assert ceiling / 2 <= d <= ceiling
     assert Backoff(jitter=0).delay_s(100, rng) == 30
+
+
+def test_backoff_is_a_function_of_attempt_and_rng():
+    b = Backoff()
+    first = [b.delay_s(i, random.Random(7)) for i in range(6)]
+    assert first == [b.delay_s(i, random.Random(7)) for i in range(6)]  # same seed, same schedule
+
+
+@pytest.mark.parametrize("exc, cls, status, text", [
+    ("410", ResourceExpired, 410, "HTTP 410 Gone"),
+    ("401", KubernetesError, 401, "check the service account's RBAC"),
+    ("403", KubernetesError, 403, "check the service account's RBAC"),
+    ("429", TransientKubernetesError, 429, "HTTP 429"),
+    ("500", TransientKubernetesError, 500, "HTTP 500"),
+    ("refused", TransientKubernetesError, None, "ConnectionRefusedError"),
+    ("timeout", TransientKubernetesError, None, "ReadTimeoutError"),
+    ("bug", KubernetesError, None, "unexpected KeyError"),
+])
+def test_map_api_error_is_the_one_status_code_mapping(exc, cls, status, text):
+    import urllib3.exceptions
+    from kubernetes.client.exceptions import ApiException
+
+    reasons = {"410": "Gone", "401": "Unauthorized", "403": "Forbidden", "429": "Too Many Requests",
+               "500": "Internal Server Error"}
+    e = {
+        "refused": ConnectionRefusedError(111, "Connection refused"),
+        "timeout": urllib3.exceptions.ReadTimeoutError(None, "/api/v1/pods", "Read timed out."),
+        "bug": KeyError("code"),
+    }.get(exc) or ApiException(status=int(exc), reason=reasons[exc])
+    got = map_api_error("watch", "pods on node n1", e)
+    assert type(got) is cls and got.status == status
+    assert isinstance(got, DiscoveryError)
+    assert str(got).startswith("watch pods on node n1: ") and text in str(got)
+    assert map_api_error("list", "pods", got) is got  # ours already: passed through unchanged

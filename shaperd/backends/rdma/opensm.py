@@ -25,7 +25,7 @@ The mapping (README "Service levels and the subnet manager"):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Mapping, Sequence
 

@@ -1,317 +1,60 @@
-"""Follow the pods scheduled on this node through the Kubernetes API.
+"""Follow the pods scheduled on this node: one list-then-watch loop in a background thread.
 
-Owns the API boundary: loading client credentials, one list-then-watch loop
-(field selector ``spec.nodeName=<node>``, all namespaces) with
-resourceVersion bookkeeping, relist on 410 Gone, reconnect with jittered
-exponential backoff, and a pod cache the daemon reads with ``snapshot()``.
-Every failure at this boundary becomes a typed ``KubernetesError`` (cause
-chained) and a log line; the loop never lets one escape its thread.
+Owns the loop: a list (field selector ``spec.nodeName=<node>``, all
+namespaces), then watches from its resourceVersion with bookmarks, relist
+on 410 Gone, reconnect with jittered exponential backoff, and the pod cache
+the daemon reads with ``snapshot()``. Every failure becomes a typed
+``KubernetesError`` (``errors.map_api_error``, cause chained) and a log
+line; nothing escapes the thread.
 
-What it must not do: it never writes to the kernel, never writes to the
-API server, and never decides what a pod means for shaping. It only keeps
-the cache true and calls ``on_change()`` when the cache changed; the daemon
-debounces and reconciles.
+A watch line that is not a watch event ends the stream and the loop
+resumes from the last good resourceVersion (what client-go does on a
+decode error), so nothing after it is lost or applied out of order; the
+same corruption twice at one version (a poison event in history) relists.
 
-Decoding is ours, not the client library's: the generated models are strict
-(pydantic), so one odd pod would abort a whole list or watch stream. We read
-the wire JSON and parse each pod on its own, so a malformed pod is skipped
-by name and the others still apply. A line that is not a watch event at all
-ends the stream and we resume from the last good resourceVersion (what
-client-go does on a decode error): nothing after it is lost or applied out
-of order.
+Must not: write to the kernel or to the API server, or decide what a pod
+means for shaping. It keeps the cache true and calls ``on_change()`` when
+the cache changed; the daemon debounces and reconciles.
 """
 
 from __future__ import annotations
 
-import ipaddress
+import functools
 import json
-import os
 import random
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from .. import log
-from ..errors import ShaperdError
+from ... import log
+from .backoff import Backoff
+from .client import load_client_config
+from .errors import (
+    KubernetesError,
+    PodParseError,
+    ResourceExpired,
+    TransientKubernetesError,
+    WatchStreamCorrupt,
+    map_api_error,
+)
+from .pods import PodInfo, describe_pod, object_resource_version
 
 _log = log.get("shaperd.k8s")
 
 POD_EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED")
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class KubernetesError(ShaperdError):
-    """A request to the API server failed or returned something unusable: 'verb object: cause'."""
-
-    def __init__(self, verb: str, obj: str, cause: str, status: int | None = None):
-        self.verb, self.obj, self.cause, self.status = verb, obj, cause, status
-        super().__init__(f"{verb} {obj}: {cause}")
-
-
-class KubernetesConfigError(KubernetesError):
-    """No usable credentials (no service account, no kubeconfig). Permanent until the environment changes."""
-
-
-class TransientKubernetesError(KubernetesError):
-    """Connection refused/reset, timeout, 5xx, 429: retried with backoff, cache kept."""
-
-
-class ResourceExpired(KubernetesError):
-    """410 Gone: our resourceVersion is older than the server's history. Relist."""
-
-
-class WatchStreamCorrupt(TransientKubernetesError):
-    """A watch line that is not a watch event (not JSON, no type, no object). Resume from the last good version."""
-
-
-class PodParseError(KubernetesError):
-    """One pod object is missing a field or has a wrong type; that pod is skipped, others are not."""
-
-    def __init__(self, pod: str, path: str, expected: str, got: Any):
-        self.pod, self.path = pod, path
-        super().__init__("parse", f"pod {pod}", f"{path}: expected {expected}, got {got!r:.80}")
-
-
-def map_api_error(verb: str, obj: str, exc: BaseException) -> KubernetesError:
-    """The one place an exception from the client library becomes one of ours."""
-    from kubernetes.client.exceptions import ApiException
-    import urllib3.exceptions
-
-    if isinstance(exc, KubernetesError):
-        return exc
-    if isinstance(exc, ApiException):
-        status = exc.status if isinstance(exc.status, int) else None
-        cause = f"HTTP {exc.status} {exc.reason or ''}".strip()
-        if status == 410:
-            return ResourceExpired(verb, obj, cause, status)
-        if status in (401, 403):
-            # Not transient in kopf's sense, but a token rotation or RBAC fix
-            # heals it without a restart, so it is still retried (slowly).
-            return KubernetesError(verb, obj, f"{cause} (check the service account's RBAC for pods list/watch)", status)
-        return TransientKubernetesError(verb, obj, cause, status)
-    if isinstance(exc, (urllib3.exceptions.HTTPError, OSError, ValueError)):
-        return TransientKubernetesError(verb, obj, f"{type(exc).__name__}: {exc}")
-    return KubernetesError(verb, obj, f"unexpected {type(exc).__name__}: {exc}")
-
-
-# --------------------------------------------------------------------------- client config
-
-
-def load_client_config(kubeconfig: str | None = None):
-    """A ``kubernetes.client.Configuration`` for this process; never touches the library's global default.
-
-    An explicit ``kubeconfig`` wins (an operator asked for it); otherwise the
-    in-cluster service account when running in a pod (KUBERNETES_SERVICE_HOST
-    set); otherwise $KUBECONFIG, then ~/.kube/config.
-    """
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-        except (config.ConfigException, OSError) as e:
-            raise KubernetesConfigError("load", "in-cluster service account config", str(e)) from e
-        return cfg
-    source = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-    paths = [os.path.expanduser(p) for p in source.split(os.pathsep) if p]
-    if not any(os.path.isfile(p) for p in paths):
-        raise KubernetesConfigError(
-            "load", f"kubeconfig {source}",
-            "no such file, and not in a pod (KUBERNETES_SERVICE_HOST unset); "
-            "pass --kubeconfig or set KUBECONFIG",
-        )
-    try:
-        config.load_kube_config(config_file=os.pathsep.join(paths), client_configuration=cfg, persist_config=False)
-    except Exception as e:  # ConfigException, yaml errors, bad base64 in certs ...
-        raise KubernetesConfigError("load", f"kubeconfig {source}", f"{type(e).__name__}: {e}") from e
-    return cfg
-
-
-# --------------------------------------------------------------------------- PodInfo
-
-
-class FrozenMap(Mapping[str, str]):
-    """An immutable, hashable str->str mapping (pod labels)."""
-
-    __slots__ = ("_d", "_h")
-
-    def __init__(self, items: Mapping[str, str] | None = None):
-        self._d = dict(items or {})
-        self._h: int | None = None
-
-    def __getitem__(self, k: str) -> str:
-        return self._d[k]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._d)
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def __hash__(self) -> int:
-        if self._h is None:
-            self._h = hash(frozenset(self._d.items()))
-        return self._h
-
-    def __repr__(self) -> str:
-        return f"FrozenMap({self._d!r})"
-
-
-@dataclass(frozen=True)
-class PodInfo:
-    """What shaperd needs to know about one pod; equality decides whether a MODIFIED event matters."""
-
-    uid: str
-    namespace: str
-    name: str
-    labels: Mapping[str, str]
-    ips: tuple[str, ...]  # status.podIPs (dual-stack), else status.podIP; () until assigned
-    host_network: bool  # spec.hostNetwork: such a pod shares the node's addresses
-    qos_class: str | None  # status.qosClass: part of the pod cgroup path
-    phase: str  # status.phase; "Unknown" when the server sent none
-    node: str  # spec.nodeName
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @classmethod
-    def from_dict(cls, obj: Any) -> "PodInfo":
-        """Parse a pod as it is on the wire (camelCase JSON). Raises PodParseError naming the pod and field."""
-        who = describe_pod(obj)
-
-        def fail(path: str, expected: str, got: Any) -> PodParseError:
-            return PodParseError(who, path, expected, got)
-
-        if not isinstance(obj, dict):
-            raise fail("", "an object", obj)
-        meta = obj.get("metadata")
-        if not isinstance(meta, dict):
-            raise fail("metadata", "an object", meta)
-        spec = _opt_dict(obj, "spec", fail)
-        status = _opt_dict(obj, "status", fail)
-
-        uid, ns, name = meta.get("uid"), meta.get("namespace"), meta.get("name")
-        for path, v in (("metadata.uid", uid), ("metadata.namespace", ns), ("metadata.name", name)):
-            if not isinstance(v, str) or not v:
-                raise fail(path, "a non-empty string", v)
-
-        labels = meta.get("labels") or {}
-        if not isinstance(labels, dict):
-            raise fail("metadata.labels", "an object of strings", labels)
-        for k, v in labels.items():
-            if not isinstance(v, str):
-                raise fail(f"metadata.labels.{k}", "a string", v)
-
-        host_network = spec.get("hostNetwork", False)
-        if host_network is None:
-            host_network = False
-        if not isinstance(host_network, bool):
-            raise fail("spec.hostNetwork", "a boolean", host_network)
-        node = spec.get("nodeName") or ""
-        if not isinstance(node, str):
-            raise fail("spec.nodeName", "a string", node)
-
-        ips: list[str] = []
-        pod_ips = status.get("podIPs")
-        if pod_ips is not None:
-            if not isinstance(pod_ips, list):
-                raise fail("status.podIPs", "a list", pod_ips)
-            for i, entry in enumerate(pod_ips):
-                ip = entry.get("ip") if isinstance(entry, dict) else None
-                ips.append(_ip(ip, f"status.podIPs[{i}].ip", fail))
-        if not ips and status.get("podIP"):
-            ips.append(_ip(status.get("podIP"), "status.podIP", fail))
-
-        qos = status.get("qosClass")
-        if qos is not None and not isinstance(qos, str):
-            raise fail("status.qosClass", "a string", qos)
-        phase = status.get("phase") or "Unknown"
-        if not isinstance(phase, str):
-            raise fail("status.phase", "a string", phase)
-
-        return cls(
-            uid=uid, namespace=ns, name=name, labels=FrozenMap(labels), ips=tuple(ips),
-            host_network=host_network, qos_class=qos or None, phase=phase, node=node,
-        )
-
-    @classmethod
-    def from_api(cls, obj: Any) -> "PodInfo":
-        """Parse a wire dict or a client-library model (``V1Pod``), via its wire-format serialisation."""
-        if isinstance(obj, dict):
-            return cls.from_dict(obj)
-        from kubernetes.client import ApiClient
-
-        return cls.from_dict(ApiClient().sanitize_for_serialization(obj))
-
-
-def _opt_dict(obj: dict, key: str, fail) -> dict:
-    v = obj.get(key)
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise fail(key, "an object", v)
-    return v
-
-
-def _ip(v: Any, path: str, fail) -> str:
-    if not isinstance(v, str):
-        raise fail(path, "an IP address string", v)
-    try:
-        return str(ipaddress.ip_address(v))
-    except ValueError:
-        raise fail(path, "an IP address", v) from None
-
-
-def describe_pod(obj: Any) -> str:
-    """'namespace/name (uid)' from whatever part of a pod object is readable, for log lines."""
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    if not isinstance(meta, dict):
-        return "<no metadata>"
-    ns, name, uid = (meta.get(k) for k in ("namespace", "name", "uid"))
-    return f"{ns if isinstance(ns, str) else '?'}/{name if isinstance(name, str) else '?'} ({uid if isinstance(uid, str) else '?'})"
-
-
-def _object_rv(obj: Any) -> str | None:
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
-    return rv if isinstance(rv, str) and rv else None
-
-
-# --------------------------------------------------------------------------- backoff
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with jitter between failed attempts.
-
-    initial_s 0.5: a dropped connection usually heals at once (API server
-    rolling update, load balancer). max_s 30: every node of a large cluster
-    retries, and a 30 s ceiling keeps that load flat during an outage while
-    still noticing the server's return within half a minute. jitter 0.5:
-    each delay is drawn from [d/2, d] so thousands of nodes do not retry in
-    lockstep.
-    """
-
-    initial_s: float = 0.5
-    max_s: float = 30.0
-    factor: float = 2.0
-    jitter: float = 0.5
-
-    def delay_s(self, attempt: int, rng: random.Random) -> float:
-        d = min(self.max_s, self.initial_s * self.factor ** max(0, attempt))
-        return d * (1.0 - self.jitter * rng.random())
-
-
-# --------------------------------------------------------------------------- watcher
-
-
+# A watch that delivered no event but stayed open this long was not a failure
+# to connect: the next failure starts the backoff from the beginning.
+PROGRESS_AFTER_S = 5.0
+# A watch that ended cleanly, without events, sooner than this is treated like a
+# failure (backed off): a server closing watches at once must not be hammered.
+QUICK_CLOSE_S = 1.0
+
+
+@functools.cache
 def _watch_class():
+    """RawWatch, built once on first use: only `shaperd run` with Kubernetes imports the client library."""
     from kubernetes import watch
 
     class RawWatch(watch.Watch):
@@ -341,6 +84,16 @@ def _watch_class():
     return RawWatch
 
 
+def _cut(resp) -> None:
+    """Shut the socket under a streaming response, so a read blocked on it returns now."""
+    sock = getattr(getattr(resp, "connection", None), "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class PodWatcher:
     """List-then-watch of this node's pods in a background thread, served as a snapshot."""
 
@@ -353,13 +106,24 @@ class PodWatcher:
         watch_timeout_s: int = 300,
         backoff: Backoff = Backoff(),
         client_configuration: Any = None,
+        *,
+        rng: random.Random | None = None,
+        wait: Callable[[float], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         """``request_timeout_s``: connect and read timeout of a list, and the grace
         beyond ``watch_timeout_s`` before a silent watch is given up (bounded waits,
         so a hung server is noticed). ``watch_timeout_s``: the server closes each
         watch after this long (timeoutSeconds) and we resume from the last version;
         5 min like client-go's lower bound. ``client_configuration`` overrides
-        kubeconfig loading (tests, embedding)."""
+        kubeconfig loading (tests, embedding).
+
+        Time is injectable, so tests assert the schedule the loop asks for
+        instead of measuring it: ``rng`` is the backoff jitter's random source;
+        ``wait(delay_s)`` is how the loop waits between attempts (default: on
+        the stop event, so ``stop()`` cuts the wait short; an injected one must
+        return by itself); ``clock`` (monotonic seconds) judges how long a
+        watch lived (``PROGRESS_AFTER_S``, ``QUICK_CLOSE_S``)."""
         if not node_name:
             raise ValueError("node_name is required (the downward API's spec.nodeName)")
         self.node_name = node_name
@@ -370,7 +134,8 @@ class PodWatcher:
         self.request_timeout_s = float(request_timeout_s)
         self.watch_timeout_s = int(watch_timeout_s)
         self.backoff = backoff
-        self._rng = random.Random()
+        self._rng = rng if rng is not None else random.Random()
+        self._clock = clock
 
         self._lock = threading.Lock()
         self._pods: dict[str, PodInfo] = {}
@@ -379,10 +144,12 @@ class PodWatcher:
         self._has_synced = False
         self._last_error: str | None = None
         self._stop = threading.Event()
+        self._wait = wait if wait is not None else self._stop.wait
         self._thread: threading.Thread | None = None
         self._watch = None
+        self._resp = None  # the open watch response, cut by stop()
         self._api = None
-        self._progress = False  # the last watch delivered events or lived >= 5 s before it failed
+        self._progress = False  # the last watch delivered events or lived >= PROGRESS_AFTER_S before it failed
 
     # ---- public surface
 
@@ -406,6 +173,10 @@ class PodWatcher:
         waiting for a hung server is abandoned (daemon thread, it ends at its timeout
         and changes nothing after stop)."""
         self._stop.set()
+        with self._lock:
+            resp = self._resp  # see _watch_once.call: set under the lock, so one of us cuts it
+        if resp is not None:
+            _cut(resp)
         w = self._watch
         if w is not None:
             w.stop()
@@ -437,6 +208,7 @@ class PodWatcher:
 
     @property
     def resource_version(self) -> str | None:
+        """The version the cache is at: set together with the cache change, before ``on_change()``."""
         return self._rv
 
     # ---- loop
@@ -482,7 +254,7 @@ class PodWatcher:
             delay = self.backoff.delay_s(attempt, self._rng)
             attempt += 1
             _log.info("k8s_retry", node=self.node_name, in_s=round(delay, 2), attempt=attempt)
-            self._stop.wait(delay)
+            self._wait(delay)
 
     def _fail(self, err: KubernetesError, level: str = "warning", exc_info: bool = False) -> None:
         if self._stop.is_set():
@@ -515,7 +287,7 @@ class PodWatcher:
             doc = json.loads(body)
         except ValueError as e:
             raise TransientKubernetesError("list", f"pods on node {self.node_name}", f"response is not JSON: {e}") from e
-        rv = _object_rv(doc)
+        rv = object_resource_version(doc)
         items = doc.get("items") if isinstance(doc, dict) else None
         if rv is None or not isinstance(items, list):
             raise TransientKubernetesError("list", f"pods on node {self.node_name}",
@@ -543,20 +315,27 @@ class PodWatcher:
     def _watch_once(self) -> bool:
         """One watch connection. False when it ended at once without a single event."""
         w = _watch_class()()
-        started, events = time.monotonic(), 0
+        started, events = self._clock(), 0
         self._progress = False
         self._watch = w
         api = self._api
 
         def call(**kw):
             resp = api.list_pod_for_all_namespaces(**kw)
-            # Headers of a 2xx arrived: the server answers again. (Non-2xx raised above.)
-            if not self._stop.is_set():
-                with self._lock:
+            # The library keeps the response only after this returns; a stop() in
+            # between would find nothing to cut. Publishing it under the lock that
+            # stop() reads it under means either stop() sees it or we see the stop.
+            with self._lock:
+                self._resp = resp
+                stopping = self._stop.is_set()
+                # Headers of a 2xx arrived: the server answers again. (Non-2xx raised above.)
+                if not stopping:
                     if not self._synced:
                         _log.info("k8s_pods_resynced", node=self.node_name, resource_version=self._rv)
                     self._synced = True
                     self._last_error = None
+            if stopping:
+                _cut(resp)
             return resp
 
         try:
@@ -574,15 +353,17 @@ class PodWatcher:
                     events += 1
                     self._apply(event)
         except Exception as e:
-            self._progress = events > 0 or time.monotonic() - started >= 5.0
+            self._progress = events > 0 or self._clock() - started >= PROGRESS_AFTER_S
             raise map_api_error("watch", f"pods on node {self.node_name} from version {self._rv}", e) from e
         finally:
             self._watch = None
-        return events > 0 or self._stop.is_set() or time.monotonic() - started >= 1.0
+            with self._lock:
+                self._resp = None
+        return events > 0 or self._stop.is_set() or self._clock() - started >= QUICK_CLOSE_S
 
     def _apply(self, event: dict) -> None:
         etype, obj = event["type"], event["raw_object"]
-        rv = _object_rv(obj)
+        rv = object_resource_version(obj)
         if etype == "BOOKMARK":
             if rv is not None:
                 self._rv = rv

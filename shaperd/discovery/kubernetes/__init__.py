@@ -1,0 +1,42 @@
+"""Kubernetes discovery: the pods on this node, followed through the API server.
+
+One module per API concern (kopf's layout):
+
+- ``errors``: the error hierarchy and ``map_api_error``, the one status-code mapping;
+- ``client``: client credentials (``load_client_config``);
+- ``pods``: ``PodInfo`` and its parser from wire JSON;
+- ``backoff``: the retry schedule;
+- ``watcher``: ``PodWatcher``, the list-then-watch loop and its pod cache.
+
+The names below are the package's public surface; import them from here.
+"""
+
+from .backoff import Backoff
+from .client import load_client_config
+from .errors import (
+    KubernetesConfigError,
+    KubernetesError,
+    PodParseError,
+    ResourceExpired,
+    TransientKubernetesError,
+    WatchStreamCorrupt,
+    map_api_error,
+)
+from .pods import FrozenMap, PodInfo, describe_pod
+from .watcher import PodWatcher
+
+__all__ = [
+    "Backoff",
+    "FrozenMap",
+    "KubernetesConfigError",
+    "KubernetesError",
+    "PodInfo",
+    "PodParseError",
+    "PodWatcher",
+    "ResourceExpired",
+    "TransientKubernetesError",
+    "WatchStreamCorrupt",
+    "describe_pod",
+    "load_client_config",
+    "map_api_error",
+]
