@@ -128,7 +128,7 @@ def series(bed) -> dict[tuple[str, tuple], float]:
 
 
 def tenant(name: str) -> tuple:
-    return (("device", "up0"), ("tenant", name))
+    return (("device", "up0"), ("path", "tc"), ("tenant", name))
 
 
 def val(m: dict, metric: str, name: str) -> float:
