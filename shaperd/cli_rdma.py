@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 
 # Modules that add an ``rdma`` subcommand (imported when the parser is built).
-SUBCOMMANDS: tuple[str, ...] = ()
+SUBCOMMANDS: tuple[str, ...] = (
+    "shaperd.report.rdma_status",
+)
 
 
 def register(sub, node_opts) -> None:
