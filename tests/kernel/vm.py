@@ -42,6 +42,7 @@ class GuestRun:
     output: str
     seconds: float
     kernel: str
+    group_gone: bool  # nothing of the guest's process group (vng, qemu) outlived the run
 
 
 def kernel_image() -> Path:
@@ -90,9 +91,23 @@ def boot(guest_argv: list[str], rwdirs: list[Path], deadline_s: float = BOOT_DEA
             except ProcessLookupError:
                 pass
             proc.wait()
+        seconds = time.monotonic() - start
         log.seek(0)
         output = log.read().decode(errors="replace")
-    return GuestRun(rc, output, time.monotonic() - start, image.name.removeprefix("vmlinuz-"))
+    return GuestRun(rc, output, seconds, image.name.removeprefix("vmlinuz-"), _group_gone(proc.pid))
+
+
+def _group_gone(pgid: int, deadline_s: float = 10.0) -> bool:
+    """True once no process of the group is left (SIGKILLed processes need a moment to be reaped)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)  # polling a condition with a deadline, not synchronising on time
 
 
 def probe(outdir: Path) -> tuple[GuestRun, dict | None]:
