@@ -166,13 +166,13 @@ class SysRow:
         return None if self.netns_mode is None else self.netns_mode == 0
 
 
-def _where(buf: bytes, msg: Message) -> str:
+def _where(msg: Message) -> str:
     return f"RDMA netlink message type {msg.type:#x} seq {msg.seq}"
 
 
 def _ids(buf: bytes, msg: Message, a: dict) -> tuple[int, str]:
     if ATTR_DEV_INDEX not in a or ATTR_DEV_NAME not in a:
-        raise KernelError("decode", "RDMA netlink reply", _where(buf, msg), "no device index or name attribute",
+        raise KernelError("decode", "RDMA netlink reply", _where(msg), "no device index or name attribute",
                           errno_mod.EBADMSG)
     return nlmsg.u32(buf, a[ATTR_DEV_INDEX]), nlmsg.string(buf, a[ATTR_DEV_NAME])
 
@@ -202,7 +202,7 @@ def decode_port(buf: bytes, msg: Message) -> PortRow:
     a = nlmsg.attrs(buf, msg.start, msg.end)
     index, name = _ids(buf, msg, a)
     if ATTR_PORT_INDEX not in a:
-        raise KernelError("decode", "RDMA port reply", f"{name} ({_where(buf, msg)})", "no port index attribute",
+        raise KernelError("decode", "RDMA port reply", f"{name} ({_where(msg)})", "no port index attribute",
                           errno_mod.EBADMSG)
     return PortRow(
         dev_index=index, dev_name=name, port=nlmsg.u32(buf, a[ATTR_PORT_INDEX]),
@@ -225,7 +225,7 @@ def decode_stat(buf: bytes, msg: Message) -> StatRow:
                 continue
             e = nlmsg.attrs(buf, span[0], span[1])
             if ATTR_STAT_HWCOUNTER_ENTRY_NAME not in e or ATTR_STAT_HWCOUNTER_ENTRY_VALUE not in e:
-                raise KernelError("decode", "RDMA hw counter entry", f"{name} ({_where(buf, msg)})",
+                raise KernelError("decode", "RDMA hw counter entry", f"{name} ({_where(msg)})",
                                   "an entry without a name or a value", errno_mod.EBADMSG)
             counters[nlmsg.string(buf, e[ATTR_STAT_HWCOUNTER_ENTRY_NAME])] = \
                 nlmsg.u64(buf, e[ATTR_STAT_HWCOUNTER_ENTRY_VALUE])

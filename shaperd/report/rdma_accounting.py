@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 BYTES, PACKETS, WAIT = "xmit_bytes", "xmit_packets", "xmit_wait"
-_FIELDS = {BYTES: ("xmit_bytes", "port_xmit_data"), PACKETS: ("xmit_packets", "port_xmit_packets"),
-           WAIT: ("xmit_wait", "port_xmit_wait")}
+# track -> (PortCounters attribute accounted, the raw sysfs value's attribute, the sysfs counter name)
+_FIELDS = {BYTES: ("xmit_bytes", "xmit_data_words", "port_xmit_data"),
+           PACKETS: ("xmit_packets", "xmit_packets", "port_xmit_packets"),
+           WAIT: ("xmit_wait", "xmit_wait", "port_xmit_wait")}
 HW_PREFIX = "hw:"
 
 
@@ -45,6 +47,7 @@ class Counters(Protocol):
     """The fields of a discovery.rdma_counters.PortCounters this module reads."""
 
     xmit_bytes: int | None
+    xmit_data_words: int | None
     xmit_packets: int | None
     xmit_wait: int | None
     hw: Mapping[str, int]
@@ -168,12 +171,12 @@ class RdmaAccumulator:
                     tr.feed(t, None, False, self.rate_window_s)
                 continue
             p.readable, p.notes = True, tuple(r.notes)
-            for name, (attr, sysfs_name) in _FIELDS.items():
+            for name, (attr, raw_attr, sysfs_name) in _FIELDS.items():
                 value = getattr(r, attr)
                 if value is None and name not in p.tracks:
                     continue  # never had this counter (rxe has no counters/): no track, no series
-                raw = None if value is None else (value // 4 if name == BYTES else value)
-                p.tracks.setdefault(name, Track()).feed(t, value, r.saturated(sysfs_name, raw), self.rate_window_s)
+                saturated = r.saturated(sysfs_name, getattr(r, raw_attr))
+                p.tracks.setdefault(name, Track()).feed(t, value, saturated, self.rate_window_s)
             for hw_name, value in r.hw.items():
                 p.tracks.setdefault(HW_PREFIX + hw_name, Track()).feed(t, value, False, self.rate_window_s)
             for name in [n for n in p.tracks if n.startswith(HW_PREFIX) and n[len(HW_PREFIX):] not in r.hw]:
@@ -196,7 +199,7 @@ class RdmaAccumulator:
 
             byte_rate = rate(BYTES)
             hw = {n[len(HW_PREFIX):]: t for n, t in tr.items() if n.startswith(HW_PREFIX)}
-            saturated = tuple(_FIELDS[n][1] for n in (BYTES, PACKETS, WAIT) if n in tr and tr[n].saturated)
+            saturated = tuple(_FIELDS[n][2] for n in (BYTES, PACKETS, WAIT) if n in tr and tr[n].saturated)
             notes = p.notes + tuple(
                 f"{p.target.ref}: {s} is a 32-bit counter stuck at 2^32-1 (the port has no extended counters); "
                 "it is not counted until it is reset (perfquery -R)" for s in saturated)
