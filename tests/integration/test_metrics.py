@@ -202,6 +202,9 @@ def test_bytes_packets_guarantee_and_limit_per_tenant(bed, daemon):
     assert m1[("shaperd_reconciles_total", ())] >= 1
     assert m1[("shaperd_config_reloads_total", (("result", "success"),))] == 1
     assert m1[("shaperd_scrape_collector_success", (("collector", "tenants"),))] == 1
+    # The RDMA sampler runs beside the tc one; a node without RDMA devices has no RDMA series at all.
+    assert m1[("shaperd_scrape_collector_success", (("collector", "rdma"),))] == 1
+    assert not any(dict(k[1]).get("path") == "rdma" or k[0].startswith("shaperd_tenant_rdma") for k in m1)
 
 
 def test_pressing_on_the_limit_is_borrowing_not_starvation(bed, daemon):
