@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 # Modules that add an ``rdma`` subcommand (imported when the parser is built).
-SUBCOMMANDS: tuple[str, ...] = ("shaperd.cli_rdma_env", "shaperd.cli_rdma_opensm")
+SUBCOMMANDS: tuple[str, ...] = ("shaperd.cli_rdma_env", "shaperd.cli_rdma_opensm", "shaperd.report.rdma_status")
 
 
 def register(sub, node_opts) -> None:

@@ -7,7 +7,8 @@
 - mlx5_1: an InfiniBand HCA at 0000:5e:00.0, port 1 ACTIVE, LID 4, SM LID 1, 200 Gb/sec (4X HDR).
 with the same symlink structure the kernel has (class/infiniband/X -> devices/.../infiniband/X,
 bus/pci/devices/ADDR -> devices/.../ADDR, device -> the PCI function). Counters live under
-ports/N/counters and ports/N/hw_counters; ``set_counter`` advances them.
+ports/N/counters (64-bit extended ones unless a port's spec says ``extended: False``) and
+ports/N/hw_counters (with the ``lifespan`` setting real drivers have); ``set_counter`` advances them.
 """
 
 from __future__ import annotations
@@ -62,10 +63,14 @@ class Node:
                     self._write(p / "gid_attrs" / "types" / str(i), typ)
                     if ndev is not None:  # an InfiniBand GID has no netdev
                         self._write(p / "gid_attrs" / "ndevs" / str(i), ndev)
-            for c in ("port_xmit_data", "port_xmit_packets", "port_rcv_data", "port_xmit_wait"):
+            counters = ("port_xmit_data", "port_xmit_packets", "port_rcv_data", "port_xmit_wait")
+            if spec.get("extended", True):  # PortCountersExtended (ConnectX): 64-bit, with the IETF set
+                counters += ("unicast_xmit_packets", "multicast_xmit_packets")
+            for c in counters:
                 self._write(p / "counters" / c, "0")
             for c in ("np_cnp_sent", "rp_cnp_handled", "out_of_sequence"):
                 self._write(p / "hw_counters" / c, "0")
+            self._write(p / "hw_counters" / "lifespan", "10")  # a setting (ms), not a counter
         self._link(self.sys / "class" / "infiniband" / name, base)
         return base
 

@@ -71,6 +71,7 @@ class Daemon:
         self.netns = netns
         self.metrics = None  # report.metrics.Metrics when serving
         self.sampler = None
+        self.rdma_sampler = None  # report.rdma_sampler.RdmaSampler when serving metrics
         # Drift: a reconcile that changed the kernel although the config it
         # enforces was already applied successfully once.
         self.config_gen = 0
@@ -129,7 +130,7 @@ class Daemon:
             self.pods.start()
             self.log.info("watching pods", node=self.pods.node_name if hasattr(self.pods, "node_name") else None)
         rec = self.make_reconciler(self._pods_snapshot if self.pods is not None else None)
-        server = self._start_observability()
+        server = self._start_observability(rec)
         self.log.info("started", config=self.path, resync_interval_s=self.resync_s,
                       capabilities=list(rec.capabilities.notes))
         self.load("start")
@@ -180,6 +181,8 @@ class Daemon:
                 server.stop()
             if self.sampler is not None:
                 self.sampler.stop()
+            if self.rdma_sampler is not None:
+                self.rdma_sampler.stop()
             signal.set_wakeup_fd(-1)
             self.events.close()
             os.close(rpipe)
@@ -253,21 +256,27 @@ class Daemon:
         return None
 
     # -- observability -------------------------------------------------
-    def _start_observability(self):
-        """Sampler thread and HTTP endpoint, if a metrics address is set; None otherwise."""
+    def _start_observability(self, rec):
+        """Sampler threads (tc classes, RDMA ports) and HTTP endpoint, if a metrics address is set; None otherwise."""
         if not self.metrics_address:
             return None
         from ..report.http import MetricsServer
         from ..report.metrics import Metrics
         from ..report.sampler import Sampler
 
+        from ..report import rdma_metrics
+        from ..report.rdma_sampler import RdmaSampler
+
         self.sampler = Sampler(_stats_reader(self.netns))
         self.metrics = Metrics(self.sampler)
+        self.rdma_sampler = RdmaSampler(_rdma_reader(rec.roots))
+        rdma_metrics.install(self.metrics, self.rdma_sampler)
         try:
             server = MetricsServer(self.metrics_address, self.metrics)
         except (OSError, ValueError) as e:
             raise ShaperdError(f"listen on metrics address {self.metrics_address}: {getattr(e, 'strerror', None) or e}") from e
         self.sampler.start()
+        self.rdma_sampler.start()
         server.start()
         self.log.info("serving metrics", address=self.metrics_address, paths=["/metrics", "/healthz", "/readyz"])
         return server
@@ -286,6 +295,29 @@ class Daemon:
             self.metrics.kubernetes(self.pods.synced, self.pods.last_error, pods)
         if self.sampler is not None:
             self.sampler.set_targets(rep.targets)
+        if self.rdma_sampler is not None and self.config is not None:
+            self.rdma_sampler.set_targets(rdma_targets(self.config, rep))
+
+
+def rdma_targets(cfg, rep) -> dict:
+    """The node's RDMA ports and their owners: the RDMA plan's, where a backend made one, else planned here (pure)."""
+    from ..backends.rdma.plan import plan as rdma_plan
+    from ..report.rdma_sampler import targets_of
+
+    inv = getattr(rep, "inventory", None)
+    if inv is None:
+        return {}
+    owners = getattr(rep.plan.desired.get("rdma"), "owners", None)
+    if owners is None:
+        owners = rdma_plan(cfg, inv, rep.plan.tenancy).owners
+    return targets_of(inv.rdma, owners)
+
+
+def _rdma_reader(roots):
+    """A read function for the RDMA sampler thread: the ports' counters from sysfs."""
+    from ..discovery.rdma_counters import read_ports
+
+    return lambda ports: read_ports(roots, ports)
 
 
 def _stats_reader(netns: str | None):

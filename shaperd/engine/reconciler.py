@@ -75,6 +75,7 @@ class Report:
     plan: PlanResult
     backends: list[BackendOutcome] = field(default_factory=list)
     duration_s: float = 0.0
+    inventory: Inventory | None = None  # what the reconcile found (the RDMA sampler's ports come from it)
 
     @property
     def devices(self) -> list[TargetOutcome]:
@@ -207,7 +208,7 @@ class Reconciler:
                     bo.targets.append(self._settle(b, bo.desired, td, inv, write))
             except Exception as e:  # noqa: BLE001 - one backend never stops the others
                 bo.error = self._backend_failed(b, e)
-        return Report(PlanResult(ctx.tenancy, desired), outcomes, time.perf_counter() - start)
+        return Report(PlanResult(ctx.tenancy, desired), outcomes, time.perf_counter() - start, inventory=inv)
 
     def _settle(self, b: Backend, desired, td: TargetDiff, inv: Inventory, write: bool) -> TargetOutcome:
         out = TargetOutcome(b.name, td.target, blocked=td.blocked, error=td.error)

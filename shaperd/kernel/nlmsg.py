@@ -100,3 +100,19 @@ def u64(buf: bytes, span: tuple[int, int] | None, default: int = 0) -> int:
     if span is None or span[1] - span[0] < 8:
         return default
     return U64.unpack_from(buf, span[0])[0]
+
+
+def attr_list(buf: bytes, off: int, end: int) -> Iterator[tuple[int, tuple[int, int]]]:
+    """(type, (start, end)) of every attribute in buf[off:end], in order (for nests that repeat one type)."""
+    while off + 4 <= end:
+        length, typ = RTA.unpack_from(buf, off)
+        if length < 4:
+            return
+        yield typ & NLA_TYPE_MASK, (off + 4, min(off + length, end))
+        off += (length + 3) & ~3
+
+
+def u8(buf: bytes, span: tuple[int, int] | None, default: int | None = None) -> int | None:
+    if span is None or span[1] - span[0] < 1:
+        return default
+    return buf[span[0]]

@@ -38,7 +38,7 @@ STALE_AFTER_S = 10.0
 
 # The tenant families: (type, name, help, TenantSeries attribute). One table for both
 # renderings (prometheus_client objects in collect(), text in render()), so they cannot drift.
-TENANT_LABELS = ("tenant", "device")
+TENANT_LABELS = ("tenant", "device", "path")  # path: "tc" here; report/rdma_metrics.py adds "rdma"
 TENANT_FAMILIES = (
     ("counter", "shaperd_tenant_transmit_bytes", "Bytes the tenant's HTB class sent (L2 frame length, as HTB counts)", "bytes"),
     ("counter", "shaperd_tenant_transmit_packets", "Packets the tenant's class sent (GSO segments counted one by one)", "packets"),
@@ -91,7 +91,7 @@ class TenantCollector(Collector):
             for s in snap.series:
                 v = getattr(s, attr)
                 if v is not None:  # rate: unknown until two samples span some time
-                    fam.add_metric([s.target.tenant, s.target.device], v)
+                    fam.add_metric([s.target.tenant, s.target.device, "tc"], v)
             yield fam
         sm = CounterMetricFamily("shaperd_sampler_samples", _SAMPLES_HELP, labels=["result"])
         sm.add_metric(["success"], snap.samples)
@@ -117,7 +117,7 @@ class TenantCollector(Collector):
 
     @staticmethod
     def render_snapshot(snap: Snapshot) -> str:
-        labels = [(f'{{device="{escape_label_value(s.target.device)}",tenant="{escape_label_value(s.target.tenant)}"}}', s)
+        labels = [(f'{{device="{escape_label_value(s.target.device)}",path="tc",tenant="{escape_label_value(s.target.tenant)}"}}', s)
                   for s in snap.series]
         out = []
         for mtype, name, doc, attr in TENANT_FAMILIES:

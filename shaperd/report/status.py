@@ -3,7 +3,9 @@
 Works with or without the daemon: it reads HTB class counters twice, a short
 window apart, and labels classes with tenant names from the tenants file
 (class ids are derived from names, so no saved state is needed). Without a
-readable tenants file, classes are shown by id.
+readable tenants file, classes are shown by id. The RDMA path is read at the
+same instants and shown beside it (report/rdma_view.py): the tenants' RDMA
+ports and what they sent.
 """
 
 from __future__ import annotations
@@ -96,21 +98,31 @@ def render_table(rs: list[Row]) -> str:
 def main(args) -> int:
     from ..kernel.rtnl import RtnlReader
 
+    from ..roots import Roots
+    from . import rdma_view
+
     ipr = RtnlReader(getattr(args, "netns", None))
     labels = class_labels(args.config)
+    rdma = rdma_view.RdmaWatch.open(Roots.of(sys=args.sysfs_root), args.config, rate_window_s=args.interval)
     prev = sample(ipr)
     t0 = time.monotonic()
+    rdma.sample(t0)
     while True:
         time.sleep(args.interval)
         cur = sample(ipr)
         t1 = time.monotonic()
+        rdma.sample(t1)
         rs = rows(prev, cur, t1 - t0, labels)
+        ports = rdma.view()
         if args.json:
-            print(json.dumps({"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs]}))
+            print(json.dumps({"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs],
+                              "rdma": rdma_view.tenant_rows(ports)}))
         else:
             if args.watch and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")
             print(render_table(rs))
+            if ports:
+                print("\nRDMA ports (measured at the HCA; not shaped by tc):\n" + rdma_view.render_table(ports))
         sys.stdout.flush()
         if not args.watch:
             return 0

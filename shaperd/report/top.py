@@ -7,7 +7,8 @@ the daemon's metrics (report/sampler.py), so "borrowed" and "below
 guarantee" mean the same thing in both places (accumulated since ``top``
 started). Guarantee and limit are what the kernel enforces (HTB rate/ceil).
 On a terminal each view replaces the last; otherwise views are printed one
-after another as plain text with no escape codes.
+after another as plain text with no escape codes. The tenants' RDMA ports
+are sampled at the same instants and shown below (report/rdma_view.py).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _bytes(n: float) -> str:
     return f"{n:.1f}TB"
 
 
-def render(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, node: str = "") -> str:
+def render(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, node: str = "", rdma=()) -> str:
     head = ("TENANT", "DEVICE", "CLASS", "RATE", "RATE VS GUARANTEE | LIMIT", "GUARANTEE", "LIMIT", "DROPS",
             "BACKLOG", "BORROWED", "BELOW-G")
     lines = [head]
@@ -73,15 +74,22 @@ def render(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, 
             "(DROPS, BORROWED and BELOW-G since top started)"
     if not series:
         body += "\n(no tenant class on any device: no shaperd qdisc, or no tenants file to name classes)"
+    if rdma:
+        from .rdma_view import render_table as rdma_table
+
+        body += "\n\nRDMA ports (measured at the HCA):\n" + rdma_table(rdma)
     return f"{title}\n{body}"
 
 
 def main(args) -> int:
     from ..kernel.rtnl import RtnlReader
+    from ..roots import Roots
+    from .rdma_view import RdmaWatch
     from .status import sample
 
     reader = RtnlReader(getattr(args, "netns", None))
     labels = class_labels(args.config)
+    rdma = RdmaWatch.open(Roots.of(sys=args.sysfs_root), args.config, rate_window_s=max(2.0, args.interval))
     acc = Accumulator(rate_window_s=max(2.0, args.interval))
     tty = sys.stdout.isatty()
     drops_base: dict = {}
@@ -91,11 +99,13 @@ def main(args) -> int:
             stats = sample(reader)
             targets = {k: Target(labels[k[1]], k[0], k[1]) for k in stats
                        if k[1] in labels and not labels[k[1]].startswith("(")}
-            acc.ingest(time.monotonic(), stats, targets)
+            now = time.monotonic()
+            acc.ingest(now, stats, targets)
+            rdma.sample(now)
             for s in acc.series.values():
                 drops_base.setdefault((s.target.device, s.target.classid), s.drops)
             if n > 0 or args.iterations is None:
-                text = render(acc.view(), drops_base, acc.rate_window_s)
+                text = render(acc.view(), drops_base, acc.rate_window_s, rdma=rdma.view())
                 print((CLEAR if tty else "") + text + ("" if tty else "\n"), flush=True)
             if n > 0 and args.iterations is not None and n >= args.iterations:
                 return 0

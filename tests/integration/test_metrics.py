@@ -143,7 +143,7 @@ def series(bed) -> dict[tuple[str, tuple], float]:
 
 
 def tenant(name: str) -> tuple:
-    return (("device", "up0"), ("tenant", name))
+    return (("device", "up0"), ("path", "tc"), ("tenant", name))
 
 
 def val(m: dict, metric: str, name: str) -> float:
@@ -243,6 +243,9 @@ def test_bytes_packets_guarantee_and_limit_per_tenant(bed, daemon):
     assert m1[("shaperd_reconciles_total", ())] >= 1
     assert m1[("shaperd_config_reloads_total", (("result", "success"),))] == 1
     assert m1[("shaperd_scrape_collector_success", (("collector", "tenants"),))] == 1
+    # The RDMA sampler runs beside the tc one; a node without RDMA devices has no RDMA series at all.
+    assert m1[("shaperd_scrape_collector_success", (("collector", "rdma"),))] == 1
+    assert not any(dict(k[1]).get("path") == "rdma" or k[0].startswith("shaperd_tenant_rdma") for k in m1)
 
 
 def test_pressing_on_the_limit_is_borrowing_not_starvation(bed, daemon):
