@@ -112,6 +112,12 @@ def cmd_plan(args) -> int:
     _print_plan_notes(p, rec.capabilities)
     marks = p.desired["marks"].marks if "marks" in p.desired else ()
     print(render(p.desired.get("htb", HtbPlan()), marks), end="")
+    # Other backends (VF rates, devlink, DCB, ...) print their writes as equivalent command lines.
+    for b in rec.enabled:
+        if b.name not in ("htb", "marks") and hasattr(b, "render") and b.name in p.desired:
+            text = b.render(p.desired[b.name])
+            if text:
+                print(text, end="" if text.endswith("\n") else "\n")
     _print_problems(p)
     return EXIT_BAD_INPUT if p.problems else EXIT_OK
 

@@ -12,6 +12,9 @@ backend with six steps:
 - ``stats(desired)``: what it contributes to status and metrics.
 
 ``teardown(observed)`` is the diff against "nothing desired" (pure).
+Optionally ``render(desired) -> str``: the desired state as the equivalent
+command lines of the operators' own tools (``ip link``, ``devlink``,
+``dcb``), printed by ``shaperd plan`` after the tc commands.
 
 The engine (shaperd/engine/reconciler.py) loops over backends; a failure in
 one is reported and never stops the others. Operations are typed: one class
