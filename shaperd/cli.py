@@ -68,6 +68,12 @@ def _table(rows) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
+def _max_vls_arg(text: str):
+    from .cli_rdma_opensm import max_vls_arg
+
+    return max_vls_arg(text)
+
+
 def _roots(args):
     from .roots import Roots
 
@@ -170,6 +176,7 @@ def cmd_teardown(args) -> int:
 
 def cmd_run(args) -> int:
     from .engine.daemon import Daemon
+    from .report.rdma_smcheck import SmCheckSettings
 
     factory = None
     node_name = args.node_name or os.environ.get("NODE_NAME")
@@ -190,7 +197,8 @@ def cmd_run(args) -> int:
 
     d = Daemon(args.config, lambda pods: _reconciler(args, pods_source=pods, pod_resources=pod_resources),
                resync_interval_s=args.resync_interval, metrics_address=args.metrics_address,
-               netns=getattr(args, "netns", None), pod_watcher_factory=factory, pod_resources=pod_resources)
+               netns=getattr(args, "netns", None), pod_watcher_factory=factory, pod_resources=pod_resources,
+               sm_check_settings=SmCheckSettings(interval_s=args.sm_check_interval, max_vls=dict(args.max_vls)))
     return d.run()
 
 
@@ -274,6 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-pod-resources", action="store_true",
                    help="do not ask the kubelet's pod-resources API (<kubelet root>/pod-resources/kubelet.sock) "
                         "which RDMA devices pods hold; use the tenants file's rdma.devices only")
+    p.add_argument("--sm-check-interval", type=float, default=60.0, metavar="SECONDS",
+                   help="how often to read the SM's SL2VL/VLArb tables on InfiniBand ports (default 60)")
+    p.add_argument("--max-vls", action="append", type=_max_vls_arg, metavar="N|TYPE=N", default=[],
+                   help="as given to 'rdma opensm-config': the SM-table check expects those tables (default 8)")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("status", help="live per-tenant class stats from the kernel")

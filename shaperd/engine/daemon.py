@@ -9,7 +9,9 @@ loop and leave enforcement in place.
 
 With a metrics address, a sampler thread reads class counters every 0.5 s
 (report/sampler.py) and an HTTP thread serves /metrics, /healthz and /readyz
-(report/); the loop only records what it did.
+(report/); the loop only records what it did. A third thread checks the
+SM's SL2VL/VLArb tables on the node's InfiniBand ports every 60 s
+(report/rdma_smcheck.py, smpquery through kernel/ib_smp.py).
 
 With Kubernetes, the kubelet's pod-resources socket is looked at on the
 same file-poll tick: a socket that appears or is replaced (kubelet restart)
@@ -56,7 +58,7 @@ def stamp(path: str) -> FileStamp | None:
 class Daemon:
     def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0,
                  metrics_address: str | None = None, netns: str | None = None, pod_watcher_factory=None,
-                 pod_resources=None):
+                 pod_resources=None, sm_check_settings=None):
         self.path = config_path
         self.make_reconciler = make_reconciler
         self.resync_s = resync_interval_s
@@ -72,6 +74,8 @@ class Daemon:
         self.metrics = None  # report.metrics.Metrics when serving
         self.sampler = None
         self.rdma_sampler = None  # report.rdma_sampler.RdmaSampler when serving metrics
+        self.sm_checker = None  # report.rdma_smcheck.SmChecker when serving metrics
+        self.sm_check_settings = sm_check_settings  # report.rdma_smcheck.SmCheckSettings; None: defaults
         # Drift: a reconcile that changed the kernel although the config it
         # enforces was already applied successfully once.
         self.config_gen = 0
@@ -183,6 +187,8 @@ class Daemon:
                 self.sampler.stop()
             if self.rdma_sampler is not None:
                 self.rdma_sampler.stop()
+            if self.sm_checker is not None:
+                self.sm_checker.stop()
             signal.set_wakeup_fd(-1)
             self.events.close()
             os.close(rpipe)
@@ -266,17 +272,21 @@ class Daemon:
 
         from ..report import rdma_metrics
         from ..report.rdma_sampler import RdmaSampler
+        from ..report.rdma_smcheck import SmChecker, SmCheckSettings, kernel_reader
 
         self.sampler = Sampler(_stats_reader(self.netns))
         self.metrics = Metrics(self.sampler)
         self.rdma_sampler = RdmaSampler(_rdma_reader(rec.roots))
-        rdma_metrics.install(self.metrics, self.rdma_sampler)
+        settings = self.sm_check_settings or SmCheckSettings()
+        self.sm_checker = SmChecker(kernel_reader(settings), settings)
+        rdma_metrics.install(self.metrics, self.rdma_sampler, self.sm_checker)
         try:
             server = MetricsServer(self.metrics_address, self.metrics)
         except (OSError, ValueError) as e:
             raise ShaperdError(f"listen on metrics address {self.metrics_address}: {getattr(e, 'strerror', None) or e}") from e
         self.sampler.start()
         self.rdma_sampler.start()
+        self.sm_checker.start()
         server.start()
         self.log.info("serving metrics", address=self.metrics_address, paths=["/metrics", "/healthz", "/readyz"])
         return server
@@ -297,6 +307,17 @@ class Daemon:
             self.sampler.set_targets(rep.targets)
         if self.rdma_sampler is not None and self.config is not None:
             self.rdma_sampler.set_targets(rdma_targets(self.config, rep))
+        inv = getattr(rep, "inventory", None)
+        if self.sm_checker is not None and self.config is not None and inv is not None:
+            self.sm_checker.set_inputs(self.config, inv, rdma_plan_of(self.config, rep))
+
+
+def rdma_plan_of(cfg, rep):
+    """The RDMA plan: the backend's, where it made one, else planned here (pure)."""
+    from ..backends.rdma.plan import RdmaPlan, plan as rdma_plan
+
+    p = rep.plan.desired.get("rdma")
+    return p if isinstance(p, RdmaPlan) else rdma_plan(cfg, rep.inventory, rep.plan.tenancy)
 
 
 def rdma_targets(cfg, rep) -> dict:

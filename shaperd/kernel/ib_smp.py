@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..errors import ShaperdError
 
@@ -155,3 +156,26 @@ def read_port(device: str, port: int, *, timeout_s: float = DEFAULT_TIMEOUT_S, w
     if vlarb is None:
         raise SmpError(f"{device}:{port} has no VL arbitration tables (a switch's base port 0, not a CA port)")
     return PortTables(device=device, port=port, sl2vl=rows[0].vls, vlarb=vlarb)
+
+
+def unavailable(*, euid: Callable[[], int] = os.geteuid, which: Callable[..., str | None] = shutil.which,
+                env: Mapping[str, str] | None = None) -> str | None:
+    """Why this process cannot read SM tables (smpquery not on PATH, not root), or None when it can try."""
+    if which(SMPQUERY, path=(os.environ if env is None else env).get("PATH")) is None:
+        return f"{SMPQUERY} not found (install infiniband-diags)"
+    if euid() != 0:
+        return f"needs root ({SMPQUERY} opens /dev/infiniband/umadN)"
+    return None
+
+
+def reader(*, timeout_s: float = DEFAULT_TIMEOUT_S, wrapper: Sequence[str] = (),
+           env: Mapping[str, str] | None = None, euid: Callable[[], int] = os.geteuid,
+           which: Callable[..., str | None] = shutil.which) -> Callable[[str, int], PortTables]:
+    """``read(device, port)`` for the node-side check; SmpError with the reason when smpquery cannot run at all
+    (probed on each read, so installing infiniband-diags later is noticed by a running daemon)."""
+    def read(device: str, port: int) -> PortTables:
+        if (why := unavailable(euid=euid, which=which, env=env)) is not None:
+            raise SmpError(why)
+        return read_port(device, port, timeout_s=timeout_s, wrapper=wrapper, env=env)
+
+    return read

@@ -19,8 +19,10 @@ never sysfs:
 Only ports a tenant owns (the RDMA plan's ``owners``) have tenant series. A
 port that cannot be read has no series (``shaperd_rdma_port_counters_readable``
 says 0); a saturated 32-bit counter has none either
-(``shaperd_rdma_counter_saturated`` says 1). ``install`` puts both into a
-``Metrics``; nothing in report/metrics.py knows about RDMA.
+(``shaperd_rdma_counter_saturated`` says 1). With an ``SmChecker``
+(report/rdma_smcheck.py), ``RdmaCollector`` also yields the SM-table series
+from its snapshot. ``install`` puts both into a ``Metrics``; nothing in
+report/metrics.py knows about RDMA.
 """
 
 from __future__ import annotations
@@ -134,8 +136,8 @@ class WithRdmaPath(Collector):
 class RdmaCollector(Collector):
     """Series only the RDMA path has, and the RDMA sampler's health."""
 
-    def __init__(self, sampler: RdmaSampler | None, clock=time.time):
-        self.sampler, self.clock = sampler, clock
+    def __init__(self, sampler: RdmaSampler | None, clock=time.time, sm_checker=None):
+        self.sampler, self.clock, self.sm_checker = sampler, clock, sm_checker
 
     def _problem(self, snap: RdmaSnapshot) -> str | None:
         if self.sampler is None or not snap.ok or snap.taken_at is None or self.clock() - snap.taken_at > STALE_AFTER_S:
@@ -177,13 +179,17 @@ class RdmaCollector(Collector):
         if snap.taken_at is not None:
             yield GaugeMetricFamily("shaperd_rdma_last_sample_timestamp_seconds", "When RDMA counters were last read "
                                     "successfully", value=snap.taken_at)
+        if self.sm_checker is not None:
+            from .rdma_smcheck import families
+
+            yield from families(self.sm_checker.snapshot)
         problem = self._problem(snap)
         if problem:
             raise _Unhealthy(problem)
 
 
-def install(metrics, sampler: RdmaSampler) -> None:
+def install(metrics, sampler: RdmaSampler, sm_checker=None) -> None:
     """Add the RDMA path to a ``report.metrics.Metrics``: shared tenant families, and the ``rdma`` collector."""
     collectors = metrics.collectors.collectors
     collectors["tenants"] = WithRdmaPath(collectors["tenants"], sampler)
-    collectors["rdma"] = RdmaCollector(sampler)
+    collectors["rdma"] = RdmaCollector(sampler, sm_checker=sm_checker)

@@ -9,10 +9,12 @@ exclusive mode, a port without counters/, a saturated 32-bit counter, RDMA
 netlink disagreeing with sysfs or absent).
 
 The subnet manager's tables: ``collect(sm_check=...)`` takes a function
-``port -> dict | None`` (another part of issue 9 supplies it; a dict with at
-least ``ok``). Its result is the port's ``sm_check`` field and the SM
-TABLES column; without a check the field and the column are absent, never
-a made-up value.
+``port -> dict | None`` (a dict with at least ``ok``), or ``sm_check_for``
+one ``watch -> that function`` (report/rdma_smcheck.py: every InfiniBand
+port read with smpquery and compared; the CLI's default, ``--no-sm-check``
+skips it). Its result is the port's ``sm_check`` field and the SM TABLES
+column (ok / MISMATCH / NOT VERIFIED, details below the table); without a
+check the field and the column are absent, never a made-up value.
 
 Works without the daemon; needs no root to read sysfs (RDMA netlink
 answers unprivileged reads too).
@@ -127,7 +129,7 @@ def _counters(s: RdmaPortSeries | None) -> tuple[dict | None, dict]:
 
 def collect(roots: Roots, config_path: str | None, interval_s: float, *, sleep=time.sleep, clock=time.monotonic,
             netlink: Callable[[tuple[RdmaDevice, ...]], NetlinkView] | None = None,
-            sm_check: SmCheck | None = None) -> dict:
+            sm_check: SmCheck | None = None, sm_check_for: Callable[[RdmaWatch], SmCheck] | None = None) -> dict:
     """Everything ``rdma status`` shows, as data (``sleep`` and ``clock`` injectable)."""
     w = RdmaWatch.open(roots, config_path, rate_window_s=max(interval_s, 0.001) * 2)
     t0 = clock()
@@ -136,6 +138,8 @@ def collect(roots: Roots, config_path: str | None, interval_s: float, *, sleep=t
     t1 = clock()
     w.sample(t1)
     series = {(s.target.device, s.target.port): s for s in w.view()}
+    if sm_check_for is not None:
+        sm_check = sm_check_for(w)
     nl = netlink(w.devices) if netlink else None
     notes = list(w.notes) + ([x for x in w.plan.warnings if x not in w.notes] if w.plan else [])
     if config_path and w.config is None:
@@ -192,7 +196,8 @@ def render(status: dict) -> str:
                n(c.get("packets")), n(c.get("xmit_wait"))]
         if with_sm:
             chk = p.get("sm_check")
-            row.append("-" if chk is None else ("ok" if chk.get("ok") else "MISMATCH"))
+            state = None if chk is None else chk.get("status", "verified" if chk.get("ok") else "mismatch")
+            row.append({None: "-", "verified": "ok"}.get(state, str(state).upper()))
         lines.append(row)
     widths = [max(len(l[i]) for l in lines) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines]
@@ -202,6 +207,10 @@ def render(status: dict) -> str:
         if p["hw_counters"]:
             hw = " ".join(f"{k}={v['total']}" for k, v in p["hw_counters"].items())
             out.append(f"{p['device']}:{p['port']} hw: {hw}")
+    for p in ports:
+        chk = p.get("sm_check")
+        if chk and not chk.get("ok") and chk.get("summary"):
+            out.append(f"SM tables {chk['summary']}")
     nl = status.get("netlink")
     if nl is not None:
         out.append("RDMA netlink: " + (f"{len(nl['devices'])} device(s) ({', '.join(nl['devices']) or 'none'})"
@@ -214,16 +223,32 @@ def render(status: dict) -> str:
 def main(args) -> int:
     roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
     nl = None if args.no_netlink else (lambda devs: read_netlink(devs, getattr(args, "netns", None), args.run_root))
-    status = collect(roots, args.config, args.interval, netlink=nl)
+    status = collect(roots, args.config, args.interval, netlink=nl, sm_check_for=None if args.no_sm_check else
+                     _sm_check(args))
     print(json.dumps(status, indent=1) if args.json else render(status))
     sys.stdout.flush()
     return 0
 
 
+def _sm_check(args):
+    from ..kernel import ib_smp
+    from .rdma_smcheck import for_watch
+
+    return for_watch(ib_smp.reader(timeout_s=args.sm_check_timeout), dict(args.max_vls),
+                     no_config=f"{args.config}: not a readable tenants file; no expected tables")
+
+
 def register(sub, node_opts) -> None:
+    from ..cli_rdma_opensm import max_vls_arg
+
     p = sub.add_parser("status", help="RDMA devices and ports: owners, SL and TC, counters and rates, notes")
     node_opts(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="rate window (default 1)")
     p.add_argument("--no-netlink", action="store_true", help="do not cross-check sysfs with RDMA netlink")
+    p.add_argument("--no-sm-check", action="store_true", help="do not read the SM's SL2VL/VLArb tables (smpquery)")
+    p.add_argument("--max-vls", action="append", type=max_vls_arg, metavar="N|TYPE=N", default=[],
+                   help="as given to 'rdma opensm-config' (the expected tables depend on it; default 8)")
+    p.add_argument("--sm-check-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="deadline of each smpquery call (default 10)")
     p.set_defaults(fn=main)

@@ -187,7 +187,7 @@ def test_write_and_sighup_reprogram_the_running_opensm(fabric, tmp_path):
 
     # The node checking against the old expectation reports exactly what changed.
     read = lambda dev, port: ib_smp.read_port(dev, port, wrapper=("ibsim-run",), env=fabric.env("Hca1"))
-    port = RdmaPort(device="ibsim0", port=1, link_layer="InfiniBand", state="ACTIVE")
+    port = RdmaPort(device="ibsim0", port=1, link_layer="InfiniBand", state="ACTIVE", lid=hca.lid)
     (stale,) = smcheck.check_ports([port], one.tables("ca"), read)
     observed = read("ibsim0", 1)
     assert stale.verified and stale.mismatches == smcheck.compare("ibsim0", 1, one.tables("ca"), observed).mismatches

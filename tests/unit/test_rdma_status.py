@@ -137,7 +137,7 @@ def test_rdma_netlink_is_cross_checked_with_sysfs(node, tmp_path):
 
 def test_the_cli_command_prints_json(node, tmp_path, capsys):
     # The parser, not cli.main: main configures logging onto capsys's stream, which outlives this test.
-    args = cli.build_parser().parse_args(["rdma", "status", "--json", "--no-netlink", "--interval", "0",
+    args = cli.build_parser().parse_args(["rdma", "status", "--json", "--no-netlink", "--no-sm-check", "--interval", "0",
                                           "--sysfs-root", str(node.sys), "--config", str(tmp_path / "t.yaml")])
     rc = args.fn(args)
     out = json.loads(capsys.readouterr().out)

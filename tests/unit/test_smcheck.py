@@ -66,21 +66,27 @@ def test_check_ports_reads_infiniband_ports_only_and_says_why_not():
         return observed()
 
     ports = [IB, RdmaPort("mlx5_0", 1, "Ethernet", state="ACTIVE"), RdmaPort("mlx5_5", 1, "InfiniBand", state="DOWN"),
-             RdmaPort("mlx5_7", 1, "InfiniBand", state="ACTIVE")]
+             RdmaPort("mlx5_7", 1, "InfiniBand", state="ACTIVE", lid=7),
+             RdmaPort("mlx5_8", 1, "InfiniBand", state="ACTIVE", lid=None)]
     checks = smcheck.check_ports(ports, EXPECTED.tables("ca"), read)
-    assert calls == [("mlx5_1", 1), ("mlx5_7", 1)]  # RoCE has no SM; a DOWN port is not queried
+    assert calls == [("mlx5_1", 1), ("mlx5_7", 1)]  # RoCE has no SM; a DOWN port or one without a LID: not queried
     assert [c.describe() for c in checks] == [
         "mlx5_1:1: SL2VL and VL arbitration as the tenants file renders them",
         "mlx5_5:1: not verified: port is DOWN; the SM programs active ports",
         "mlx5_7:1: not verified: smpquery not found (install infiniband-diags)",
+        "mlx5_8:1: not verified: no LID assigned; the SM has not swept this port",
     ]
     assert smcheck.metric_samples(checks) == [
         smcheck.Sample("shaperd_rdma_sm_tables_verified", {"device": "mlx5_1", "port": "1"}, 1.0),
         *(smcheck.Sample("shaperd_rdma_sm_table_mismatches", {"device": "mlx5_1", "port": "1", "table": t}, 0.0)
           for t in ("sl2vl", "vlarb_high", "vlarb_low")),
-        smcheck.Sample("shaperd_rdma_sm_tables_verified", {"device": "mlx5_5", "port": "1"}, 0.0),
-        smcheck.Sample("shaperd_rdma_sm_tables_verified", {"device": "mlx5_7", "port": "1"}, 0.0),
-    ]  # no mismatch series where nothing could be read
+    ]  # no series at all where nothing could be read: never a fake 0 or 1
+    bad = smcheck.compare("mlx5_1", 1, EXPECTED.tables("swe"), observed())
+    assert smcheck.metric_samples([bad]) == [
+        smcheck.Sample("shaperd_rdma_sm_tables_verified", {"device": "mlx5_1", "port": "1"}, 0.0),
+        *(smcheck.Sample("shaperd_rdma_sm_table_mismatches", {"device": "mlx5_1", "port": "1", "table": t}, n)
+          for t, n in (("sl2vl", 1.0), ("vlarb_high", 0.0), ("vlarb_low", 2.0))),
+    ]
 
 
 def test_node_checks_on_the_mlx5_fixture_node(tmp_path):

@@ -27,6 +27,7 @@ from .plan import RdmaPlan
 
 BLOCK = 32  # VLArb entries per SMP block
 TEMPLATE = 64
+TABLES = ("sl2vl", "vlarb_high", "vlarb_low")
 
 
 class ObservedVlArb(Protocol):
@@ -116,7 +117,10 @@ def compare(device: str, port: int, expected: QosTables, observed: ObservedPort)
 
 def check_ports(ports: Iterable[RdmaPort], expected: QosTables | str,
                 read: Callable[[str, int], ObservedPort]) -> tuple[PortCheck, ...]:
-    """One check per InfiniBand port (RoCE ports have no SM tables). ``expected`` as a str: why there is none."""
+    """One check per InfiniBand port (RoCE ports have no SM tables). ``expected`` as a str: why there is none.
+
+    A port that is not ACTIVE or has no LID is not queried: the SM has not
+    (yet) swept it, so its tables say nothing about the tenants file."""
     out = []
     for p in ports:
         if p.link_layer != "InfiniBand":
@@ -127,6 +131,10 @@ def check_ports(ports: Iterable[RdmaPort], expected: QosTables | str,
         if p.state and p.state != "ACTIVE":
             out.append(PortCheck(p.device, p.port, verified=False,
                                  reason=f"port is {p.state}; the SM programs active ports"))
+            continue
+        if not p.lid:
+            out.append(PortCheck(p.device, p.port, verified=False,
+                                 reason="no LID assigned; the SM has not swept this port"))
             continue
         try:
             observed = read(p.device, p.port)
@@ -149,13 +157,15 @@ def node_checks(cfg: Config, inv: Inventory, rplan: RdmaPlan, read: Callable[[st
 
 
 def metric_samples(checks: Iterable[PortCheck]) -> list[Sample]:
-    """shaperd_rdma_sm_tables_verified per port (0: could not be read); mismatch counts only where read."""
+    """Series only for ports whose tables were read: shaperd_rdma_sm_tables_verified 1 (as rendered) or 0
+    (mismatches), and the mismatch count per table. A port that could not be read has none (no fake 0/1)."""
     out = []
     for c in checks:
+        if not c.verified:
+            continue
         labels = {"device": c.device, "port": str(c.port)}
-        out.append(Sample("shaperd_rdma_sm_tables_verified", labels, 1.0 if c.verified else 0.0))
-        if c.verified:
-            for table in ("sl2vl", "vlarb_high", "vlarb_low"):
-                n = sum(1 for m in c.mismatches if m.table == table)
-                out.append(Sample("shaperd_rdma_sm_table_mismatches", {**labels, "table": table}, float(n)))
+        out.append(Sample("shaperd_rdma_sm_tables_verified", labels, 1.0 if c.ok else 0.0))
+        for table in TABLES:
+            n = sum(1 for m in c.mismatches if m.table == table)
+            out.append(Sample("shaperd_rdma_sm_table_mismatches", {**labels, "table": table}, float(n)))
     return out
