@@ -271,6 +271,11 @@ class Daemon:
         self.metrics = Metrics(self.sampler)
         self.rdma_sampler = RdmaSampler(_rdma_reader(rec.roots))
         rdma_metrics.install(self.metrics, self.rdma_sampler)
+        from ..report import devlink_metrics  # only where the devlink backend runs (the kernel has the family)
+
+        for b in rec.enabled:
+            if b.name == "devlink":
+                devlink_metrics.install(self.metrics, b)
         try:
             server = MetricsServer(self.metrics_address, self.metrics)
         except (OSError, ValueError) as e:
