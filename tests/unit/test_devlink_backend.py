@@ -376,3 +376,14 @@ def test_stats_snapshot_configured_and_read_back(tmp_path):
     assert [(c.tenant, c.node, c.tx_share_Bps, c.tx_max_Bps) for c in b.snapshot.configured] == [
         ("a", "shpd_a", 1_250_000, 12_500_000), ("b", "shpd_b", 125_000_000, 0)]
     assert b.snapshot.kernel[(PF, "shpd_a")] == (1_250_000, 12_500_000) and b.snapshot.read_ok
+
+
+def test_default_backends_include_devlink_and_this_kernel_disables_it_with_one_note():
+    from shaperd.engine.reconciler import default_backends
+
+    (b,) = [b for b in default_backends(writer=None) if b.name == "devlink"]
+    s = b.probe(Capabilities())
+    if s.enabled:  # pragma: no cover - a kernel with the devlink family
+        b.close()
+        pytest.skip("this kernel has the devlink family")
+    assert len(s.notes) == 1 and "no devlink family" in s.notes[0] and b._nl is None

@@ -297,3 +297,12 @@ def test_recording_metadata():
     meta = json.loads((FIX / "recording.json").read_text())
     assert meta["uname"].startswith("6.1")
     assert all(rc == 1 for n, rc in meta["rc"].items() if n.startswith("rate_") and n != "rate_show")
+
+
+def test_shaperds_own_reader_on_the_real_61_kernel():
+    """Recorded in the same guest: shaperd's DevlinkNl resolved the family the tool used, dumped an empty
+    tree, and the kernel's refusal of a RATE_NEW on a device that does not exist came back typed."""
+    meta = json.loads((FIX / "recording.json").read_text())["shaperd"]
+    assert meta["family"] == rate_request("rate_add.strace")[1]
+    assert meta["rates"] == []
+    assert meta["new_node"]["type"] == "NoDevlinkDevice" and meta["new_node"]["errno"] == errno.ENODEV
