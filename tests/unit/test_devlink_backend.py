@@ -387,3 +387,21 @@ def test_default_backends_include_devlink_and_this_kernel_disables_it_with_one_n
         b.close()
         pytest.skip("this kernel has the devlink family")
     assert len(s.notes) == 1 and "no devlink family" in s.notes[0] and b._nl is None
+
+
+def test_through_the_engine_the_second_apply_sends_no_write(tmp_path):
+    """The reconciler (real discovery on a fixture sysfs tree) drives the backend: apply, then apply again."""
+    from shaperd.engine.reconciler import Reconciler
+
+    from .test_engine import FakeReader
+
+    n = Node(tmp_path / "n").build()
+    fake = FakeDevlink()
+    rec = Reconciler(FakeReader(), [DevlinkBackend(lambda: fake)], Capabilities(),
+                     roots=Roots.of(sys=str(n.sys), proc=str(tmp_path)))
+    cfg = config.load_text(CFG)
+    first = rec.apply(cfg)
+    assert first.changes == 4 and not any(t.failed for t in first.devices)
+    assert len(fake.writes) == 4
+    second = rec.apply(cfg)
+    assert second.changes == 0 and len(fake.writes) == 4 and second.ok
