@@ -113,6 +113,7 @@ class RdmaDevice:
     pci: str | None = None  # its PCI function, "0000:3b:00.2"; None for software devices (rxe)
     is_vf: bool = False
     pf_pci: str | None = None  # the PF of a VF (device/physfn)
+    vf_index: int | None = None  # a VF's number under its PF (the PF's virtfnN link): devlink's vfnum
     sriov_numvfs: int | None = None  # on a PF with SR-IOV
     parent: str | None = None  # software devices (rxe): the netdev they sit on
     ports: tuple[RdmaPort, ...] = ()

@@ -62,6 +62,19 @@ def _pci_of(dev_dir: Path) -> tuple[str | None, bool, str | None, int | None]:
     return target.name, pf is not None, pf, _int(_read(device / "sriov_numvfs"))
 
 
+def _vf_index(dev_dir: Path) -> int | None:
+    """A VF's number N under its PF (the PF's ``virtfnN`` link points at it); None for anything else."""
+    device = dev_dir / "device"
+    try:
+        me = os.path.realpath(device)
+        for link in (device / "physfn").iterdir():
+            if link.name.startswith("virtfn") and link.name[6:].isdigit() and os.path.realpath(link) == me:
+                return int(link.name[6:])
+    except OSError:
+        return None
+    return None
+
+
 def _gids(port_dir: Path, notes: list[str], ref: str) -> tuple[Gid, ...]:
     out = []
     gids_dir = port_dir / "gids"
@@ -118,7 +131,7 @@ def read_device(dev_dir: Path, notes: list[str]) -> RdmaDevice:
     return RdmaDevice(
         name=name, node_type=_read(dev_dir / "node_type") or "", node_guid=_read(dev_dir / "node_guid") or "",
         fw_ver=_read(dev_dir / "fw_ver") or "", pci=pci, is_vf=is_vf, pf_pci=pf, sriov_numvfs=numvfs,
-        parent=_read(dev_dir / "parent"), ports=tuple(ports),
+        vf_index=_vf_index(dev_dir) if is_vf else None, parent=_read(dev_dir / "parent"), ports=tuple(ports),
     )
 
 

@@ -280,6 +280,11 @@ class Daemon:
         settings = self.sm_check_settings or SmCheckSettings()
         self.sm_checker = SmChecker(kernel_reader(settings), settings)
         rdma_metrics.install(self.metrics, self.rdma_sampler, self.sm_checker)
+        from ..report import devlink_metrics  # only where the devlink backend runs (the kernel has the family)
+
+        for b in rec.enabled:
+            if b.name == "devlink":
+                devlink_metrics.install(self.metrics, b)
         try:
             server = MetricsServer(self.metrics_address, self.metrics)
         except (OSError, ValueError) as e:

@@ -268,9 +268,10 @@ def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT) ->
     """The enforcement paths shaperd runs today, in the order they are reconciled."""
     from ..backends.htb.backend import HtbBackend
     from ..backends.marks.backend import MarksBackend
+    from ..backends.devlink.backend import DevlinkBackend
     from ..backends.rdma.backend import RdmaBackend
 
-    return [HtbBackend(writer, take_over=take_over), MarksBackend(writer), RdmaBackend(roots)]
+    return [HtbBackend(writer, take_over=take_over), MarksBackend(writer), DevlinkBackend(), RdmaBackend(roots)]
 
 
 def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DEFAULT, take_over: bool = False,

@@ -1,0 +1,71 @@
+"""Plan each tenant's devlink rate node, pure: its name, tx_share/tx_max, and the VFs that are its leaves.
+
+A tenant's VFs are the VFs among its RDMA devices (backends/rdma/plan.py:
+``rdma.devices`` and the devices its pods hold), each named by its PF's
+devlink device (``pci/<pf>``) and its VF number there. Non-VF devices (a
+dedicated HCA, a PF) are not leaves of anything: no rate group for them.
+
+tx_share = guarantee / 8 and tx_max = limit / 8 (bits/s to bytes/s, rounded
+down; no limit: tx_max 0, unlimited). A tenant with VFs on N devlink devices
+gets a node on each with 1/N of both: the aggregate never exceeds what the
+tenants file says (a tenant busy on one device gets less than its limit;
+said in a warning). tx_share never exceeds a non-zero tx_max.
+"""
+
+from __future__ import annotations
+
+from ...config import Config
+from ...errors import ConfigProblem
+from ...inventory import Inventory
+from ...tenancy import Tenancy
+from ..rdma import plan as rdma_plan
+from .objects import DevlinkPlan, TenantNode, Vf, node_name
+
+
+def plan(cfg: Config, inv: Inventory, ten: Tenancy) -> DevlinkPlan:
+    rp = rdma_plan.plan(cfg, inv, ten)
+    warnings: list[str] = []
+    problems: list[ConfigProblem] = []
+    by_name: dict[str, list[int]] = {}
+    for i, t in enumerate(cfg.tenants):
+        by_name.setdefault(node_name(t.name), []).append(i)
+    clashing = set()
+    for name, idx in by_name.items():
+        if len(idx) > 1:
+            who = ", ".join(cfg.tenants[i].name for i in idx)
+            for i in idx:
+                clashing.add(cfg.tenants[i].name)
+                problems.append(ConfigProblem(f"tenants[{i}].name", f"devlink rate node name {name} is shared by "
+                                              f"tenants {who}: none of them gets a rate group"))
+    nodes: list[TenantNode] = []
+    for t in sorted(cfg.tenants, key=lambda t: t.name):
+        tr = rp.tenant(t.name)
+        if tr is None or t.name in clashing:
+            continue
+        vfs: dict[str, set[Vf]] = {}
+        for dev_name in sorted({p.device for p in tr.ports}):
+            dev = inv.rdma_device(dev_name)
+            if dev is None or not dev.is_vf or not dev.pf_pci:
+                continue
+            if dev.vf_index is None:
+                warnings.append(f"tenant {t.name}: VF {dev_name} ({dev.pci}) has no VF number under its PF "
+                                f"{dev.pf_pci}: not put into a devlink rate group")
+                continue
+            inst = f"pci/{dev.pf_pci}"
+            vfs.setdefault(inst, set()).add(Vf(inst, dev.vf_index, dev_name))
+        if not vfs:
+            continue
+        n = len(vfs)
+        share = t.guarantee_bps // 8 // n
+        mx = t.limit_bps // 8 // n if t.limit_bps else 0
+        if mx and share > mx:
+            warnings.append(f"tenant {t.name}: guarantee above its limit: devlink tx_share capped at tx_max")
+            share = mx
+        if n > 1:
+            warnings.append(f"tenant {t.name}: VFs on {n} devlink devices ({', '.join(sorted(vfs))}): each rate node "
+                            f"gets 1/{n} of its guarantee and limit")
+        for inst in sorted(vfs):
+            nodes.append(TenantNode(t.name, inst, node_name(t.name), share, mx,
+                                    tuple(sorted(vfs[inst], key=lambda v: v.vf))))
+    nodes.sort(key=lambda n: (n.instance, n.node))
+    return DevlinkPlan(tuple(nodes), tuple(problems), tuple(warnings))
