@@ -114,6 +114,10 @@ class RdmaDevice:
     is_vf: bool = False
     pf_pci: str | None = None  # the PF of a VF (device/physfn)
     sriov_numvfs: int | None = None  # on a PF with SR-IOV
+    # A VF's place on its PF (sysfs: the PF's device/virtfnN -> this function; the PF's net/ and driver):
+    vf_index: int | None = None  # N, as `ip link set dev PF vf N` counts
+    pf_netdev: str | None = None  # the PF's netdev, which takes the VF's rates
+    pf_driver: str | None = None  # the PF's driver (mlx5_core, ice, i40e, ixgbe): what it refuses differs
     parent: str | None = None  # software devices (rxe): the netdev they sit on
     ports: tuple[RdmaPort, ...] = ()
 

@@ -81,6 +81,9 @@ class Node:
     def build(self) -> "Node":
         pf = self.pci_function("0000:3b:00.0")
         self._write(pf / "sriov_numvfs", "2")
+        (pf / "net" / "ens1f0").mkdir(parents=True, exist_ok=True)  # the PF's netdev (VF rates are set on it)
+        (self.sys / "bus" / "pci" / "drivers" / "mlx5_core").mkdir(parents=True, exist_ok=True)
+        self._link(pf / "driver", self.sys / "bus" / "pci" / "drivers" / "mlx5_core")
         self.device("mlx5_0", pf, {1: {"link_layer": "Ethernet", "gids": [
             ("fe80:0000:0000:0000:0e42:a1ff:fe03:0001", "IB/RoCE v1", "ens1f0"),
             ("fe80:0000:0000:0000:0e42:a1ff:fe03:0001", "RoCE v2", "ens1f0"),

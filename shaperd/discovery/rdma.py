@@ -62,6 +62,29 @@ def _pci_of(dev_dir: Path) -> tuple[str | None, bool, str | None, int | None]:
     return target.name, pf is not None, pf, _int(_read(device / "sriov_numvfs"))
 
 
+def sriov_place(dev_dir: Path) -> tuple[int | None, str | None, str | None]:
+    """A VF's (number on its PF, the PF's netdev, the PF's driver); None for each fact that cannot be read.
+
+    The number is N of the PF's ``virtfnN`` symlink that points at this function; the netdev the
+    (first) entry of the PF's ``net/``; the driver the name the PF's ``driver`` symlink points at.
+    """
+    pf_dir = dev_dir / "device" / "physfn"
+    try:
+        pf_dir = Path(os.path.realpath(pf_dir))
+        me = Path(os.path.realpath(dev_dir / "device")).name
+        index = next((int(p.name[6:]) for p in pf_dir.iterdir() if p.name.startswith("virtfn")
+                      and p.name[6:].isdigit() and Path(os.path.realpath(p)).name == me), None)
+    except OSError:
+        return None, None, None
+    try:
+        netdev = min(p.name for p in (pf_dir / "net").iterdir())
+    except (OSError, ValueError):
+        netdev = None
+    drv = pf_dir / "driver"
+    driver = Path(os.path.realpath(drv)).name if drv.exists() else None
+    return index, netdev, driver
+
+
 def _gids(port_dir: Path, notes: list[str], ref: str) -> tuple[Gid, ...]:
     out = []
     gids_dir = port_dir / "gids"
@@ -105,6 +128,7 @@ def read_port(dev: str, port_dir: Path, notes: list[str]) -> RdmaPort | None:
 def read_device(dev_dir: Path, notes: list[str]) -> RdmaDevice:
     name = dev_dir.name
     pci, is_vf, pf, numvfs = _pci_of(dev_dir)
+    vf_index, pf_netdev, pf_driver = sriov_place(dev_dir) if is_vf else (None, None, None)
     ports = []
     try:
         port_dirs = sorted((dev_dir / "ports").iterdir(), key=lambda p: p.name)
@@ -118,7 +142,8 @@ def read_device(dev_dir: Path, notes: list[str]) -> RdmaDevice:
     return RdmaDevice(
         name=name, node_type=_read(dev_dir / "node_type") or "", node_guid=_read(dev_dir / "node_guid") or "",
         fw_ver=_read(dev_dir / "fw_ver") or "", pci=pci, is_vf=is_vf, pf_pci=pf, sriov_numvfs=numvfs,
-        parent=_read(dev_dir / "parent"), ports=tuple(ports),
+        parent=_read(dev_dir / "parent"), ports=tuple(ports), vf_index=vf_index, pf_netdev=pf_netdev,
+        pf_driver=pf_driver,
     )
 
 

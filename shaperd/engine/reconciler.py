@@ -269,8 +269,9 @@ def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT) ->
     from ..backends.htb.backend import HtbBackend
     from ..backends.marks.backend import MarksBackend
     from ..backends.rdma.backend import RdmaBackend
+    from ..backends.vfrate.backend import VfRateBackend
 
-    return [HtbBackend(writer, take_over=take_over), MarksBackend(writer), RdmaBackend(roots)]
+    return [HtbBackend(writer, take_over=take_over), MarksBackend(writer), RdmaBackend(roots), VfRateBackend(writer)]
 
 
 def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DEFAULT, take_over: bool = False,
