@@ -113,32 +113,42 @@ class VfRateBackend:
         return diff(desired, observed, self.ours)
 
     def apply(self, td: TargetDiff, batch: bool = True) -> ApplyResult:
-        res = self.kernel.write(self.writer, list(td.ops))
-        out = ApplyResult(applied=list(res.applied))
-        for op, err in res.failed:
-            if err.errno not in self.kernel.refused_errnos or op.tenant is None:
-                out.failed.append((op, err))
-                continue
+        """One write at a time (``batch`` ignored): what the driver refuses is known before the next VF's write."""
+        out = ApplyResult()
+        for op in td.ops:
             key = (op.pf_pci, op.driver)
-            if op.min_mbps > 0:
-                self.refused_min[key] = err.cause
-                self.log.warning("driver refused a VF minimum rate: this PF gets the limit only (min_tx_rate 0) "
-                                 "until the tenants file changes", device=op.device, driver=op.driver, vf=op.vf,
-                                 error=str(err), min_rate_supported=False)
-                retry = SetVfRate(**{**_fields(op), "min_mbps": 0,
-                                     "reason": f"limit only: the driver refused min {op.min_mbps} ({err.cause})"})
-                again = self.kernel.write(self.writer, [retry])
-                out.applied.extend(again.applied)
-                for op2, err2 in again.failed:
-                    self._refused_all(op2, err2, out)
-            else:
-                self._refused_all(op, err, out)
+            if op.tenant is not None and key in self.unsupported:
+                out.failed.append((op, op.error(f"not sent: the driver refused VF rates here ({self.unsupported[key]})")))
+                continue
+            if op.tenant is not None and op.min_mbps > 0 and key in self.refused_min:
+                op = self._limit_only(op, self.refused_min[key])
+            res = self.kernel.write(self.writer, [op])
+            out.applied.extend(res.applied)
+            for op1, err in res.failed:
+                if err.errno not in self.kernel.refused_errnos or op1.tenant is None:
+                    out.failed.append((op1, err))
+                elif op1.min_mbps > 0:
+                    self.refused_min[key] = err.cause
+                    self.log.warning("driver refused a VF minimum rate: this PF gets the limit only (min_tx_rate 0) "
+                                     "until the tenants file changes", device=op1.device, driver=op1.driver,
+                                     vf=op1.vf, error=str(err), min_rate_supported=False)
+                    again = self.kernel.write(self.writer, [self._limit_only(op1, err.cause)])
+                    out.applied.extend(again.applied)
+                    for op2, err2 in again.failed:
+                        self._refused_all(op2, err2, out)
+                else:
+                    self._refused_all(op1, err, out)
         for op in out.applied:
             if (op.min_mbps, op.max_mbps) == (0, 0) and op.tenant is None:
                 self.ours.pop((op.device, op.vf), None)
             else:
                 self.ours[(op.device, op.vf)] = (op.min_mbps, op.max_mbps)
         return out
+
+    @staticmethod
+    def _limit_only(op: SetVfRate, cause: str) -> SetVfRate:
+        return SetVfRate(**{**_fields(op), "min_mbps": 0,
+                            "reason": f"limit only: the driver refused min {op.min_mbps} Mbit/s ({cause})"})
 
     def _refused_all(self, op: SetVfRate, err: KernelError, out: ApplyResult) -> None:
         out.failed.append((op, err))

@@ -49,7 +49,7 @@ def diff(desired: VfPlan, observed: VfObserved, ours: dict[tuple[str, int], tupl
                 td.blocked = (f"{pf} reports no VF info (IFLA_VFINFO_LIST): VF rates are not written where they "
                               "cannot be read back")
             continue
-        blocked = []
+        blocked, resets = [], []
         for v in (w for w in desired.vfs if w.pf == pf):
             row = st.vf(v.vf)
             if row is None:
@@ -69,8 +69,9 @@ def diff(desired: VfPlan, observed: VfObserved, ours: dict[tuple[str, int], tupl
             if row is None or (lo, hi) == (0, 0):
                 continue
             if row.max_mbps == hi and row.min_mbps in (None, lo):
-                td.ops.append(_op(pf, observed.ifindexes.get(pf, 0), n, 0, 0, None, "", "",
+                resets.append(_op(pf, observed.ifindexes.get(pf, 0), n, 0, 0, None, "", "",
                                   "no tenant owns it any more (shaperd set these rates)"))
+        td.ops[:0] = resets  # first free what nobody owns (drivers check the sum of minimums against the link)
         if blocked:
             td.blocked = "; ".join(blocked)
     return out
