@@ -1,0 +1,60 @@
+"""VF rates in /metrics (configured and read back, no fake zeros) and in ``shaperd rdma vf-rates``."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from shaperd import config
+from shaperd.cli_rdma_vf import rows
+from shaperd.report import vfrate_metrics
+from shaperd.report.metrics import Metrics
+
+from .test_vfrate_backend import CFG, rig  # noqa: F401 - the fixture
+
+
+def samples(m: Metrics, name: str) -> dict[tuple, float]:
+    fams = {f.name: f for f in text_string_to_metric_families(m.exposition().decode())}
+    if name not in fams:
+        return {}
+    return {tuple(sorted(s.labels.items())): s.value for s in fams[name].samples}
+
+
+def key(**kw):
+    return tuple(sorted(kw.items()))
+
+
+def test_configured_and_observed_vf_rates_per_tenant_and_the_min_support_gauge(rig):  # noqa: F811
+    nic, backend, rec = rig("i40e")
+    m = Metrics(None)
+    vfrate_metrics.install(m, [backend])
+    assert samples(m, "shaperd_tenant_vf_configured_rate_bits_per_second") == {}  # nothing planned yet: no series
+    rec.apply(config.load_text(CFG))
+    rec.apply(config.load_text(CFG))  # the second reconcile plans the degrade and reads the result back
+    conf = samples(m, "shaperd_tenant_vf_configured_rate_bits_per_second")
+    seen = samples(m, "shaperd_tenant_vf_observed_rate_bits_per_second")
+    k0 = dict(tenant="tenant-a", pf="ens1f0", vf="0")
+    assert conf[key(**k0, bound="min")] == 0 and conf[key(**k0, bound="max")] == 12500e6
+    assert seen[key(**k0, bound="max")] == 12500e6 and seen[key(**k0, bound="min")] == 0
+    assert samples(m, "shaperd_vf_min_rate_supported") == {key(pf="ens1f0", driver="mlx5_core"): 0}
+
+
+def test_no_cap_has_no_max_series_and_an_unreported_pf_no_observed_series(rig):  # noqa: F811
+    nic, backend, rec = rig("veth")
+    m = Metrics(None)
+    vfrate_metrics.install(m, [backend])
+    rec.apply(config.load_text(CFG.replace("bandwidthLimit: 25Gbps", "")))
+    conf = samples(m, "shaperd_tenant_vf_configured_rate_bits_per_second")
+    assert sorted(dict(k)["bound"] for k in conf) == ["min", "min"]
+    assert samples(m, "shaperd_tenant_vf_observed_rate_bits_per_second") == {}
+
+
+def test_the_vf_rates_table_says_wanted_reported_and_state(rig):  # noqa: F811
+    nic, backend, rec = rig("i40e")
+    nic.rates[0] = (0, 12500)
+    rep = rec.diff(config.load_text(CFG))
+    got = {r["vf"]: (r["min_mbps"], r["max_mbps"], r["reported_min_mbps"], r["reported_max_mbps"], r["state"],
+                     r["note"]) for r in rows(backend, rep)}
+    assert got[0][:5] == (5000, 12500, 0, 12500, "out of sync") and "minimum not applied" in got[0][5]
+    assert got[1] == (5000, 12500, 0, 0, "out of sync", "minimum not applied (drivers such as i40e, ixgbe, ice "
+                      "with DCB refuse one)")
+    assert nic.writes == []  # diff writes nothing
