@@ -2,7 +2,7 @@
 
 ``Node(tmp_path).build()`` lays out, under <tmp>/sys:
 - mlx5_0: a ConnectX PF at 0000:3b:00.0, RoCE (link layer Ethernet) on netdev ens1f0,
-  SR-IOV with sriov_numvfs 2, GIDs 0 (RoCE v1, fe80::) and 1/3 (RoCE v2: fe80:: and IPv4-mapped);
+  SR-IOV with sriov_numvfs 2 (net/ens1f0, driver -> mlx5_core), GIDs 0 (RoCE v1, fe80::) and 1/3 (RoCE v2: fe80:: and IPv4-mapped);
 - mlx5_2, mlx5_3: its VFs at 0000:3b:00.2 and 0000:3b:00.3 (device/physfn -> the PF), netdevs ens1f0v0/v1;
 - mlx5_1: an InfiniBand HCA at 0000:5e:00.0, port 1 ACTIVE, LID 4, SM LID 1, 200 Gb/sec (4X HDR).
 with the same symlink structure the kernel has (class/infiniband/X -> devices/.../infiniband/X,

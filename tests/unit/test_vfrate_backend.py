@@ -11,6 +11,7 @@ recomputed and reset only when shaperd set them.
 from __future__ import annotations
 
 import errno
+import json
 import os
 
 import pytest
@@ -93,9 +94,9 @@ def rig(tmp_path):
     node = Node(tmp_path).build()
     roots = Roots.of(sys=str(node.sys), proc=str(tmp_path / "proc"), run=str(tmp_path / "run"))
 
-    def make(driver="mlx5"):
-        nic = FakeNic(driver)
-        backend = VfRateBackend(writer=None, kernel=nic)
+    def make(driver="mlx5", state_file=None, nic=None):
+        nic = nic or FakeNic(driver)
+        backend = VfRateBackend(writer=None, kernel=nic, state_file=state_file)
         rec = Reconciler(Reader(), [backend], Capabilities(), roots=roots)
         return nic, backend, rec
     return make
@@ -202,3 +203,25 @@ def test_a_pf_reporting_no_vf_info_is_blocked_never_written(rig):
 def test_default_backends_include_vfrate_on_the_shared_writer():
     b = next(b for b in default_backends(writer="w") if isinstance(b, VfRateBackend))
     assert b.writer == "w" and b.name == "vfrate"
+
+
+def test_a_restarted_agent_and_teardown_reset_what_the_record_says_shaperd_set(rig, tmp_path):
+    record = tmp_path / "run" / "shaperd" / "vfrate-owned.json"
+    nic, backend, rec = rig(state_file=record)
+    rec.apply(config.load_text(CFG))
+    assert json.loads(record.read_text())["vfs"] == [
+        {"pf": "ens1f0", "vf": 0, "min_mbps": 5000, "max_mbps": 12500},
+        {"pf": "ens1f0", "vf": 1, "min_mbps": 5000, "max_mbps": 12500}]
+    nic.rates[1] = (1, 2)  # an operator changed VF 1 by hand since: it is not shaperd's to reset
+    _, fresh, rec2 = rig(state_file=record, nic=nic)  # a new process: `shaperd teardown`
+    rep = rec2.teardown()
+    assert ops(rep) == [(0, 0, 0)] and nic.rates[0] == (0, 0) and nic.rates[1] == (1, 2)
+    assert json.loads(record.read_text())["vfs"] == []  # VF 0 reset, VF 1 forgotten: someone else's now
+
+
+def test_an_unreadable_record_resets_nothing(rig, tmp_path):
+    record = tmp_path / "owned.json"
+    record.write_text("{not json")
+    nic, backend, rec = rig(state_file=record)
+    nic.rates[0] = (5000, 12500)
+    assert backend.ours == {} and ops(rec.teardown()) == [] and nic.writes == []

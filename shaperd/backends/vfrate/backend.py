@@ -14,13 +14,23 @@ changes or the agent restarts, so a refused write is never re-sent. A PF
 that refuses even the limit is recorded the same way and left out.
 ``status()`` shows both. The kernel side (kernel/vf.py) is injectable: tests
 drive this backend with a fake NIC.
+
+What it set is recorded in ``state_file`` (``<run>/shaperd/vfrate-owned.json``:
+PF netdev, VF, the rates written), so a restarted agent and ``shaperd
+teardown`` know which VFs are shaperd's to reset. /run is cleared at boot,
+when VFs are re-created without rates anyway. An unreadable record is logged
+and treated as empty: then nothing is reset (never a foreign VF).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ... import log
+from ...atomicfile import write_atomic
 from ...errors import KernelError
 from ...inventory import Capabilities, Inventory
 from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
@@ -63,15 +73,16 @@ class _Kernel:
 class VfRateBackend:
     name = "vfrate"
 
-    def __init__(self, writer, kernel=None):
+    def __init__(self, writer, kernel=None, state_file: Path | None = None):
         self.writer = writer
+        self.state_file = state_file
         self.kernel = kernel if kernel is not None else _Kernel()
         self.log = log.get("shaperd.vfrate")
         # (PF PCI, driver) -> the kernel's answer to a minimum / to any rate; kept until the config changes.
         self.refused_min: dict[tuple[str, str], str] = {}
         self.unsupported: dict[tuple[str, str], str] = {}
         # (PF netdev, VF) -> (min, max) Mbit/s this agent wrote and saw land: what it may reset.
-        self.ours: dict[tuple[str, int], tuple[int, int]] = {}
+        self.ours: dict[tuple[str, int], tuple[int, int]] = self._load()
         self._config_key: str | None = None
         self.snapshot = VfSnapshot()
 
@@ -107,7 +118,26 @@ class VfRateBackend:
             if st is not None:
                 out.pfs[pf] = st
         self.snapshot = VfSnapshot(self.snapshot.desired, out)
+        self._forget_changed(out)
         return out
+
+    def _forget_changed(self, observed: VfObserved) -> None:
+        """A VF no tenant wants whose rates someone changed since shaperd set them is not shaperd's any more."""
+        wanted = {v.key for v in self.snapshot.desired.vfs}
+        gone = []
+        for (pf, n), (lo, hi) in self.ours.items():
+            st = observed.pfs.get(pf)
+            row = st.vf(n) if st is not None and st.reported else None
+            if (pf, n) in wanted or row is None:
+                continue
+            if row.max_mbps != hi or row.min_mbps not in (None, lo):
+                gone.append((pf, n))
+                self.log.info("VF rates changed by someone else since shaperd set them: left alone, not shaperd's "
+                              "any more", device=pf, vf=n)
+        for k in gone:
+            del self.ours[k]
+        if gone:
+            self._save()
 
     def diff(self, desired: VfPlan, observed: VfObserved) -> list[TargetDiff]:
         return diff(desired, observed, self.ours)
@@ -138,12 +168,41 @@ class VfRateBackend:
                         self._refused_all(op2, err2, out)
                 else:
                     self._refused_all(op1, err, out)
+        before = dict(self.ours)
         for op in out.applied:
             if (op.min_mbps, op.max_mbps) == (0, 0) and op.tenant is None:
                 self.ours.pop((op.device, op.vf), None)
             else:
                 self.ours[(op.device, op.vf)] = (op.min_mbps, op.max_mbps)
+        if self.ours != before:
+            self._save()
         return out
+
+    # -- the record of what this agent set -------------------------------------
+    def _load(self) -> dict[tuple[str, int], tuple[int, int]]:
+        if self.state_file is None:
+            return {}
+        try:
+            doc = json.loads(Path(self.state_file).read_text())
+            return {(e["pf"], int(e["vf"])): (int(e["min_mbps"]), int(e["max_mbps"])) for e in doc["vfs"]}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self.log.warning("VF rate record unreadable: no VF will be reset until shaperd sets it again",
+                             file=str(self.state_file), error=str(e))
+            return {}
+
+    def _save(self) -> None:
+        if self.state_file is None:
+            return
+        doc = {"version": 1, "vfs": [{"pf": pf, "vf": n, "min_mbps": lo, "max_mbps": hi}
+                                     for (pf, n), (lo, hi) in sorted(self.ours.items())]}
+        try:
+            os.makedirs(Path(self.state_file).parent, mode=0o755, exist_ok=True)
+            write_atomic(Path(self.state_file), (json.dumps(doc, indent=1) + "\n").encode(), 0o644)
+        except OSError as e:
+            self.log.warning("VF rate record not written: a restarted agent will not reset these VFs",
+                             file=str(self.state_file), error=e.strerror or str(e))
 
     @staticmethod
     def _limit_only(op: SetVfRate, cause: str) -> SetVfRate:
