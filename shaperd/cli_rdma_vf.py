@@ -22,7 +22,9 @@ def register(sub, node_opts) -> None:
     p.set_defaults(fn=run)
 
 
-def rows(backend, report) -> list[dict]:
+def rows(backend, report, refusals: dict | None = None) -> list[dict]:
+    """Per VF; ``refusals``: the running agent's record (backend.read_refusals), for min_rate_supported."""
+    refusals = refusals or {}
     snap = backend.snapshot
     pending = {(op.device, op.vf) for t in report.devices for op in t.ops}
     out = []
@@ -37,17 +39,20 @@ def rows(backend, report) -> list[dict]:
         elif (v.pf, v.vf) in pending:
             state = "out of sync"
         note = None
-        if row is not None and v.min_mbps and row.min_mbps == 0:
+        refused = refusals.get((v.pf_pci, v.driver), {})
+        if row is not None and v.min_mbps and row.min_mbps == 0 and not refused:
             note = "minimum not applied (drivers such as i40e, ixgbe, ice with DCB refuse one)"
         out.append({"tenant": v.tenant, "pf": v.pf, "vf": v.vf, "pci": v.pci, "device": v.device,
                     "driver": v.driver, "min_mbps": v.min_mbps, "max_mbps": v.max_mbps,
                     "reported_min_mbps": row.min_mbps if row else None,
-                    "reported_max_mbps": row.max_mbps if row else None, "state": state, "note": note})
+                    "reported_max_mbps": row.max_mbps if row else None, "state": state, "note": note,
+                    "min_rate_supported": "min" not in refused and "all" not in refused,
+                    "reason": refused.get("all") or refused.get("min")})
     return out
 
 
 def run(args) -> int:
-    from .backends.vfrate.backend import VfRateBackend
+    from .backends.vfrate.backend import VfRateBackend, read_refusals
     from .config import load_file
     from .engine.reconciler import Reconciler
     from .inventory import Capabilities
@@ -56,10 +61,13 @@ def run(args) -> int:
 
     cfg = load_file(args.config)
     roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
-    backend = VfRateBackend(writer=None)
+    record = roots.run / "shaperd" / "vfrate-owned.json"
+    refusals = read_refusals(record)
+    backend = VfRateBackend(writer=None)  # no record: this command writes nothing, not even that
+    backend.adopt_refusals(cfg, refusals)  # plan as the running agent does
     with RtnlReader(args.netns, run_root=args.run_root) as reader:
         rep = Reconciler(reader, [backend], Capabilities(), roots=roots).diff(cfg)
-    table = rows(backend, rep)
+    table = rows(backend, rep, refusals)
     bad = [t for t in rep.devices if t.ops or t.blocked or t.error]
     if args.json:
         print(json.dumps({"vfs": table, "warnings": list(rep.plan.warnings),
@@ -73,7 +81,8 @@ def run(args) -> int:
     for r in table:
         rep_txt = "-" if r["reported_max_mbps"] is None else f"{r['reported_min_mbps']}/{r['reported_max_mbps']}"
         print(f"{r['tenant']}  {r['pf']} vf {r['vf']} ({r['pci']})  want {r['min_mbps']}/{r['max_mbps']} Mbit/s"
-              f"  reported {rep_txt}  {r['state']}" + (f"  note: {r['note']}" if r["note"] else ""))
+              f"  reported {rep_txt}  {r['state']}" + (f"  note: {r['note']}" if r["note"] else "")
+              + ("" if r["min_rate_supported"] else f"  min_rate_supported: false ({r['reason']})"))
     for t in rep.devices:
         if t.blocked or t.error:
             print(f"{t.device}: {t.blocked or t.error}")

@@ -58,3 +58,27 @@ def test_the_vf_rates_table_says_wanted_reported_and_state(rig):  # noqa: F811
     assert got[1] == (5000, 12500, 0, 0, "out of sync", "minimum not applied (drivers such as i40e, ixgbe, ice "
                       "with DCB refuse one)")
     assert nic.writes == []  # diff writes nothing
+
+
+def test_the_agents_recorded_refusal_is_shown_by_the_read_only_table(rig, tmp_path):  # noqa: F811
+    from shaperd.backends.vfrate.backend import VfRateBackend, read_refusals
+    from shaperd.engine.reconciler import Reconciler
+    from shaperd.inventory import Capabilities
+
+    record = tmp_path / "rec" / "vfrate-owned.json"
+    nic, backend, rec = rig("i40e", state_file=record)
+    cfg = config.load_text(CFG)
+    rec.apply(cfg)
+    refusals = read_refusals(record)
+    assert refusals == {("0000:3b:00.0", "mlx5_core"): {"min": "Invalid argument"}}
+    cli = VfRateBackend(writer=None, kernel=nic)
+    cli.adopt_refusals(cfg, refusals)
+    rep = Reconciler(rec.reader, [cli], Capabilities(), roots=rec.roots).diff(cfg)
+    table = rows(cli, rep, refusals)
+    assert [(r["min_mbps"], r["reported_min_mbps"], r["state"], r["min_rate_supported"], r["reason"], r["note"])
+            for r in table] == [(0, 0, "in sync", False, "Invalid argument", None)] * 2
+    before = record.read_text()
+    rec.apply(cfg)
+    assert record.read_text() == before  # an in-sync reconcile writes no record either
+    a = VfRateBackend(writer=None, kernel=nic, state_file=record)
+    assert a.refused_min == {} and a.ours  # a restarted agent keeps what it set, and tries the minimum again

@@ -94,13 +94,22 @@ class VfRateBackend:
         if key != self._config_key:
             if self._config_key is not None and (self.refused_min or self.unsupported):
                 self.log.info("tenants file changed: refused VF rates will be tried again")
+            had = bool(self.refused_min or self.unsupported)
             self.refused_min.clear()
             self.unsupported.clear()
             self._config_key = key
+            if had:
+                self._save()
         rp = rdma_plan.plan(ctx.config, ctx.inventory, ctx.tenancy)
         p = vf_plan.plan(ctx.config, ctx.inventory, rp, self.refused_min, self.unsupported)
         self.snapshot = VfSnapshot(p, self.snapshot.observed)
         return p
+
+    def adopt_refusals(self, cfg, refusals: dict[tuple[str, str], dict]) -> None:
+        """Plan ``cfg`` as an agent that met these refusals (read_refusals) would (``shaperd rdma vf-rates``)."""
+        self.refused_min = {k: v["min"] for k, v in refusals.items() if "min" in v}
+        self.unsupported = {k: v["all"] for k, v in refusals.items() if "all" in v}
+        self._config_key = repr((cfg.node, cfg.tenants))
 
     def observe(self, reads, inv: Inventory) -> VfObserved:
         ifindex = {l.name: l.ifindex for l in inv.links}
@@ -145,6 +154,7 @@ class VfRateBackend:
     def apply(self, td: TargetDiff, batch: bool = True) -> ApplyResult:
         """One write at a time (``batch`` ignored): what the driver refuses is known before the next VF's write."""
         out = ApplyResult()
+        state = (dict(self.ours), dict(self.refused_min), dict(self.unsupported))
         for op in td.ops:
             key = (op.pf_pci, op.driver)
             if op.tenant is not None and key in self.unsupported:
@@ -168,13 +178,12 @@ class VfRateBackend:
                         self._refused_all(op2, err2, out)
                 else:
                     self._refused_all(op1, err, out)
-        before = dict(self.ours)
         for op in out.applied:
             if (op.min_mbps, op.max_mbps) == (0, 0) and op.tenant is None:
                 self.ours.pop((op.device, op.vf), None)
             else:
                 self.ours[(op.device, op.vf)] = (op.min_mbps, op.max_mbps)
-        if self.ours != before:
+        if (self.ours, self.refused_min, self.unsupported) != state:
             self._save()
         return out
 
@@ -195,8 +204,12 @@ class VfRateBackend:
     def _save(self) -> None:
         if self.state_file is None:
             return
+        # The refusals are written for `shaperd rdma vf-rates` to show; a restarted agent does not load them
+        # (it tries the minimum once more).
         doc = {"version": 1, "vfs": [{"pf": pf, "vf": n, "min_mbps": lo, "max_mbps": hi}
-                                     for (pf, n), (lo, hi) in sorted(self.ours.items())]}
+                                     for (pf, n), (lo, hi) in sorted(self.ours.items())],
+               "refused_min": [{"pf_pci": k[0], "driver": k[1], "reason": v} for k, v in sorted(self.refused_min.items())],
+               "unsupported": [{"pf_pci": k[0], "driver": k[1], "reason": v} for k, v in sorted(self.unsupported.items())]}
         try:
             os.makedirs(Path(self.state_file).parent, mode=0o755, exist_ok=True)
             write_atomic(Path(self.state_file), (json.dumps(doc, indent=1) + "\n").encode(), 0o644)
@@ -235,6 +248,19 @@ class VfRateBackend:
         for pf, why in self.snapshot.desired.unsupported.items():
             out[pf] = {"driver": None, "min_rate_supported": False, "rates_supported": False, "reason": why}
         return out
+
+
+def read_refusals(state_file: Path) -> dict[tuple[str, str], dict]:
+    """What the running agent recorded as refused, per (PF PCI, driver): {"min": reason, "all": reason}; {} if none."""
+    try:
+        doc = json.loads(Path(state_file).read_text())
+        out: dict[tuple[str, str], dict] = {}
+        for kind, name in (("refused_min", "min"), ("unsupported", "all")):
+            for e in doc.get(kind, ()):
+                out.setdefault((e["pf_pci"], e["driver"]), {})[name] = e["reason"]
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
 def _fields(op: SetVfRate) -> dict:
