@@ -113,8 +113,11 @@ class RdmaDevice:
     pci: str | None = None  # its PCI function, "0000:3b:00.2"; None for software devices (rxe)
     is_vf: bool = False
     pf_pci: str | None = None  # the PF of a VF (device/physfn)
-    vf_index: int | None = None  # a VF's number under its PF (the PF's virtfnN link): devlink's vfnum
     sriov_numvfs: int | None = None  # on a PF with SR-IOV
+    # A VF's place on its PF (sysfs: the PF's device/virtfnN -> this function; the PF's net/ and driver):
+    vf_index: int | None = None  # N of the PF's virtfnN link: `ip link set dev PF vf N` and devlink's vfnum
+    pf_netdev: str | None = None  # the PF's netdev, which takes the VF's rates
+    pf_driver: str | None = None  # the PF's driver (mlx5_core, ice, i40e, ixgbe): what it refuses differs
     parent: str | None = None  # software devices (rxe): the netdev they sit on
     ports: tuple[RdmaPort, ...] = ()
 

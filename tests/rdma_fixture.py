@@ -2,7 +2,7 @@
 
 ``Node(tmp_path).build()`` lays out, under <tmp>/sys:
 - mlx5_0: a ConnectX PF at 0000:3b:00.0, RoCE (link layer Ethernet) on netdev ens1f0,
-  SR-IOV with sriov_numvfs 2, GIDs 0 (RoCE v1, fe80::) and 1/3 (RoCE v2: fe80:: and IPv4-mapped);
+  SR-IOV with sriov_numvfs 2 (net/ens1f0, driver -> mlx5_core), GIDs 0 (RoCE v1, fe80::) and 1/3 (RoCE v2: fe80:: and IPv4-mapped);
 - mlx5_2, mlx5_3: its VFs at 0000:3b:00.2 and 0000:3b:00.3 (device/physfn -> the PF), netdevs ens1f0v0/v1;
 - mlx5_1: an InfiniBand HCA at 0000:5e:00.0, port 1 ACTIVE, LID 4, SM LID 1, 200 Gb/sec (4X HDR).
 with the same symlink structure the kernel has (class/infiniband/X -> devices/.../infiniband/X,
@@ -81,6 +81,9 @@ class Node:
     def build(self) -> "Node":
         pf = self.pci_function("0000:3b:00.0")
         self._write(pf / "sriov_numvfs", "2")
+        (pf / "net" / "ens1f0").mkdir(parents=True, exist_ok=True)  # the PF's netdev (VF rates are set on it)
+        (self.sys / "bus" / "pci" / "drivers" / "mlx5_core").mkdir(parents=True, exist_ok=True)
+        self._link(pf / "driver", self.sys / "bus" / "pci" / "drivers" / "mlx5_core")
         self.device("mlx5_0", pf, {1: {"link_layer": "Ethernet", "gids": [
             ("fe80:0000:0000:0000:0e42:a1ff:fe03:0001", "IB/RoCE v1", "ens1f0"),
             ("fe80:0000:0000:0000:0e42:a1ff:fe03:0001", "RoCE v2", "ens1f0"),

@@ -62,17 +62,27 @@ def _pci_of(dev_dir: Path) -> tuple[str | None, bool, str | None, int | None]:
     return target.name, pf is not None, pf, _int(_read(device / "sriov_numvfs"))
 
 
-def _vf_index(dev_dir: Path) -> int | None:
-    """A VF's number N under its PF (the PF's ``virtfnN`` link points at it); None for anything else."""
-    device = dev_dir / "device"
+def sriov_place(dev_dir: Path) -> tuple[int | None, str | None, str | None]:
+    """A VF's (number on its PF, the PF's netdev, the PF's driver); None for each fact that cannot be read.
+
+    The number is N of the PF's ``virtfnN`` symlink that points at this function; the netdev the
+    (first) entry of the PF's ``net/``; the driver the name the PF's ``driver`` symlink points at.
+    """
+    pf_dir = dev_dir / "device" / "physfn"
     try:
-        me = os.path.realpath(device)
-        for link in (device / "physfn").iterdir():
-            if link.name.startswith("virtfn") and link.name[6:].isdigit() and os.path.realpath(link) == me:
-                return int(link.name[6:])
+        pf_dir = Path(os.path.realpath(pf_dir))
+        me = Path(os.path.realpath(dev_dir / "device")).name
+        index = next((int(p.name[6:]) for p in pf_dir.iterdir() if p.name.startswith("virtfn")
+                      and p.name[6:].isdigit() and Path(os.path.realpath(p)).name == me), None)
     except OSError:
-        return None
-    return None
+        return None, None, None
+    try:
+        netdev = min(p.name for p in (pf_dir / "net").iterdir())
+    except (OSError, ValueError):
+        netdev = None
+    drv = pf_dir / "driver"
+    driver = Path(os.path.realpath(drv)).name if drv.exists() else None
+    return index, netdev, driver
 
 
 def _gids(port_dir: Path, notes: list[str], ref: str) -> tuple[Gid, ...]:
@@ -118,6 +128,7 @@ def read_port(dev: str, port_dir: Path, notes: list[str]) -> RdmaPort | None:
 def read_device(dev_dir: Path, notes: list[str]) -> RdmaDevice:
     name = dev_dir.name
     pci, is_vf, pf, numvfs = _pci_of(dev_dir)
+    vf_index, pf_netdev, pf_driver = sriov_place(dev_dir) if is_vf else (None, None, None)
     ports = []
     try:
         port_dirs = sorted((dev_dir / "ports").iterdir(), key=lambda p: p.name)
@@ -131,7 +142,8 @@ def read_device(dev_dir: Path, notes: list[str]) -> RdmaDevice:
     return RdmaDevice(
         name=name, node_type=_read(dev_dir / "node_type") or "", node_guid=_read(dev_dir / "node_guid") or "",
         fw_ver=_read(dev_dir / "fw_ver") or "", pci=pci, is_vf=is_vf, pf_pci=pf, sriov_numvfs=numvfs,
-        vf_index=_vf_index(dev_dir) if is_vf else None, parent=_read(dev_dir / "parent"), ports=tuple(ports),
+        parent=_read(dev_dir / "parent"), ports=tuple(ports), vf_index=vf_index, pf_netdev=pf_netdev,
+        pf_driver=pf_driver,
     )
 
 

@@ -285,6 +285,9 @@ class Daemon:
         for b in rec.enabled:
             if b.name == "devlink":
                 devlink_metrics.install(self.metrics, b)
+        from ..report import vfrate_metrics
+
+        vfrate_metrics.install(self.metrics, rec.backends)
         try:
             server = MetricsServer(self.metrics_address, self.metrics)
         except (OSError, ValueError) as e:

@@ -270,8 +270,10 @@ def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT) ->
     from ..backends.marks.backend import MarksBackend
     from ..backends.devlink.backend import DevlinkBackend
     from ..backends.rdma.backend import RdmaBackend
+    from ..backends.vfrate.backend import VfRateBackend
 
-    return [HtbBackend(writer, take_over=take_over), MarksBackend(writer), DevlinkBackend(), RdmaBackend(roots)]
+    return [HtbBackend(writer, take_over=take_over), MarksBackend(writer), DevlinkBackend(), RdmaBackend(roots),
+            VfRateBackend(writer, state_file=roots.run / "shaperd" / "vfrate-owned.json")]
 
 
 def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DEFAULT, take_over: bool = False,
