@@ -51,8 +51,8 @@ ETS = struct.Struct("=BBB8s8s8s8s8s8s8s")
 MAXRATE = struct.Struct("=8Q")
 APP = struct.Struct("=BBH")
 PFC = struct.Struct("=BBBxH2x8Q8Q")
-# Answers meaning "this device has no DCB" rather than "could not ask".
-NOT_SUPPORTED_ERRNOS = frozenset({errno_mod.EOPNOTSUPP, errno_mod.ENODEV})
+# The answer meaning "this device has no DCB ops" (ENODEV is "no such device": a plain KernelError).
+NOT_SUPPORTED_ERRNOS = frozenset({errno_mod.EOPNOTSUPP})
 
 
 class DcbNotSupported(KernelError):
