@@ -271,6 +271,8 @@ class Daemon:
         self.metrics = Metrics(self.sampler)
         self.rdma_sampler = RdmaSampler(_rdma_reader(rec.roots))
         rdma_metrics.install(self.metrics, self.rdma_sampler)
+        from ..report import dcb_metrics
+        dcb_metrics.install(self.metrics, rec.backends)
         try:
             server = MetricsServer(self.metrics_address, self.metrics)
         except (OSError, ValueError) as e:

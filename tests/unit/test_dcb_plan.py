@@ -77,6 +77,13 @@ def test_infiniband_and_no_devices_plan_nothing(tmp_path):
     assert p.netdevs == () and render(p) == ""
 
 
+def test_software_roce_has_no_dcb_and_is_skipped_with_a_warning():
+    rxe = RdmaDevice("rxe0", parent="veth0", ports=(RdmaPort("rxe0", 1, "Ethernet", netdevs=("veth0",)),))
+    inv = dataclasses.replace(INV, rdma=INV.rdma + (rxe,))
+    p = planned(inv, cfg_text([("a", 1, None, 1, "rxe0")]))
+    assert p.netdevs == () and p.warnings == ("DCB: rxe0 of tenant a is software RoCE on veth0: no DCB there",)
+
+
 def test_no_speed_and_no_capacity_is_a_problem_not_a_guess(tmp_path):
     inv = dataclasses.replace(inventory(tmp_path), links=())
     p = planned(inv, cfg_text(TWO))

@@ -99,18 +99,18 @@ class DcbBackend:
         return obs
 
     def _remember(self, obs: DcbObserved) -> None:
-        out = {}
-        for nd in sorted(set(obs.states) | set(obs.errors)):
-            want = self._plan.netdev(nd)
-            st = obs.states.get(nd)
-            stuck = obs.stuck.get(nd)
-            kinds = tuple(sorted(stuck[1])) if stuck and want is not None and stuck[0] == want.key else ()
-            out[nd] = NetdevStatus(
-                nd, want, st, obs.errors.get(nd), kinds,
-                dcb_diff.foreign_apps(want, st) if st is not None else (),
-                st.pfc.priorities if st is not None and st.pfc is not None else None,
-                dcb_diff.pfc_gaps(want, st) if st is not None and want is not None else ())
-        self._status = out
+        self._status = {nd: self._netdev_status(nd, obs.states.get(nd), obs.errors.get(nd))
+                        for nd in sorted(set(obs.states) | set(obs.errors))}
+
+    def _netdev_status(self, nd: str, st, error: str | None) -> NetdevStatus:
+        want = self._plan.netdev(nd)
+        stuck = self._stuck.get(nd)
+        kinds = tuple(sorted(stuck[1])) if stuck and want is not None and stuck[0] == want.key else ()
+        return NetdevStatus(
+            nd, want, st, error, kinds,
+            dcb_diff.foreign_apps(want, st) if st is not None else (),
+            st.pfc.priorities if st is not None and st.pfc is not None else None,
+            dcb_diff.pfc_gaps(want, st) if st is not None and want is not None else ())
 
     def status(self) -> dict[str, NetdevStatus]:
         """The last read of every RoCE uplink (for status and metrics)."""
@@ -155,6 +155,7 @@ class DcbBackend:
             kinds = (prev[1] if prev and prev[0] == key else frozenset()) | frozenset(missed)
             self._stuck[nd] = (key, kinds)
             self.log.warning("DCB write did not stick", netdev=nd, kinds=sorted(kinds))
+        self._status = {**self._status, nd: self._netdev_status(nd, state, None)}
         return res
 
     def _write(self, op) -> None:

@@ -93,13 +93,19 @@ class DcbPlan:
         return next((n for n in self.netdevs if n.netdev == name), None)
 
 
-def uplink_ports(t: TenantRdma, inv: Inventory) -> list[RdmaPort]:
-    """The tenant's RoCE ports, a VF's replaced by its PF's port (DCB is configured on the PF's netdev)."""
+def uplink_ports(t: TenantRdma, inv: Inventory, warnings: list[str] | None = None) -> list[RdmaPort]:
+    """The tenant's RoCE ports, a VF's replaced by its PF's port (DCB is configured on the PF's netdev).
+
+    Software RoCE (rxe: a device with a parent netdev) has no DCB: skipped, with a warning."""
     out = []
     for p in t.ports:
         if p.link_layer != "Ethernet":
             continue
         dev = inv.rdma_device(p.device)
+        if dev is not None and dev.parent:
+            if warnings is not None:
+                warnings.append(f"DCB: {dev.name} of tenant {t.tenant} is software RoCE on {dev.parent}: no DCB there")
+            continue
         if dev is not None and dev.is_vf and dev.pf_pci:
             pf = next((d for d in inv.rdma if d.pci == dev.pf_pci), None)
             pp = pf.port(p.port) if pf is not None else None
@@ -136,7 +142,7 @@ def plan(cfg: Config, inv: Inventory, rdma: tuple[TenantRdma, ...]) -> DcbPlan:
     by_name = {t.name: t for t in cfg.tenants}
     on: dict[str, list[TenantRdma]] = {}
     for t in rdma:
-        for p in uplink_ports(t, inv):
+        for p in uplink_ports(t, inv, warnings):
             for nd in p.netdevs:
                 lst = on.setdefault(nd, [])
                 if t not in lst:
