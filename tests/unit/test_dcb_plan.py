@@ -192,6 +192,7 @@ class FakeDcb:
     def __init__(self, netdevs, drops=()):
         self.states = {nd: dcb.DcbState(nd, ets=dcb.Ets(), maxrate_kbps=(0,) * 8) for nd in netdevs}
         self.drops = set(drops)
+        self.mlx5_replaces = False  # mlx5: adding a DSCP's entry drops its old one; deleting that is ENOENT
         self.writes: list[tuple[str, str]] = []
 
     def get(self, nd):
@@ -217,6 +218,8 @@ class FakeDcb:
 
     def delete_apps(self, nd, apps):
         self.writes.append((nd, "app-del"))
+        if self.mlx5_replaces:
+            raise dcb.KernelError("delete", "APP entries", nd, "the driver refused: No such file or directory", 2)
         s = self.states[nd]
         self.states[nd] = dataclasses.replace(s, apps=tuple(a for a in s.apps if a not in apps))
 
@@ -252,6 +255,23 @@ def test_apply_then_in_sync_is_no_op_and_foreign_entries_stay(tmp_path):
     (td2, res2), = _reconcile(b, _ctx(inv, cfg_text(TWO)), inv)
     assert td2.ops == [] and res2 is None and len(fake.writes) == n, "an in-sync netdev got a write"
     assert fake.states["ens1f0"].maxrate_kbps[1] == 60_000_000  # 60.05 Gbit/s rounded by the driver: in sync
+
+
+def test_an_already_replaced_entry_is_a_reached_delete(tmp_path):
+    inv = inventory(tmp_path)
+    fake = FakeDcb(["ens1f0"])
+    fake.states["ens1f0"] = dataclasses.replace(fake.states["ens1f0"], apps=(dcb.App(dcb.SEL_DSCP, 26, 4),))
+    fake.mlx5_replaces = True
+    orig = fake.set
+
+    def set_(nd, **kw):  # the driver's replacement of the old entry
+        orig(nd, **kw)
+        s = fake.states[nd]
+        fake.states[nd] = dataclasses.replace(s, apps=tuple(a for a in s.apps if a != dcb.App(5, 26, 4)))
+
+    fake.set = set_
+    (td, res), = _reconcile(DcbBackend(client=fake), _ctx(inv, cfg_text(TWO)), inv)
+    assert [type(o) for o in td.ops][-2:] == [AddDscpApps, DeleteDscpApps] and not res.failed
 
 
 def test_a_write_that_does_not_stick_is_reported_once_and_not_resent(tmp_path):

@@ -16,6 +16,7 @@ plan it was for, and not re-sent until that plan changes (diff blocks it;
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 
 from ... import log
@@ -126,6 +127,11 @@ class DcbBackend:
             try:
                 self._write(op)
             except KernelError as e:
+                if op.deletes and e.errno == errno.ENOENT:
+                    # mlx5 drops the old entry of a DSCP itself when the new one is added (added first, so
+                    # the port never falls back to PCP trust in between): already gone is done.
+                    res.applied.append(op)
+                    continue
                 res.failed.append((op, op.error(e.cause, e.errno)))
             else:
                 res.applied.append(op)

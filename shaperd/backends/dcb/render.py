@@ -9,6 +9,7 @@ same bytes as shaperd's come from ``Nbps``, which the comment line gives.
 
 from __future__ import annotations
 
+from ...units import format_rate
 from .plan import DcbPlan, NetdevDcb
 
 TSA_NAMES = {0: "strict", 1: "cbs", 2: "ets", 255: "vendor"}
@@ -32,7 +33,7 @@ def render(p: DcbPlan) -> str:
     lines = []
     for n in p.netdevs:
         who = ", ".join(f"{t.tenant} TC{t.tc} {t.share_pct}%" for t in n.tenants)
-        lines.append(f"# DCB on {n.netdev} (capacity {n.capacity_bps} bit/s): {who}")
+        lines.append(f"# DCB on {n.netdev} (capacity {format_rate(n.capacity_bps)}): {who}")
         for argv in netdev_commands(n):
             lines.append("dcb " + " ".join(argv))
         if any(n.maxrate_kbps):
