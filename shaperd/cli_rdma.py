@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib
 
 # Modules that add an ``rdma`` subcommand (imported when the parser is built).
-SUBCOMMANDS: tuple[str, ...] = ("shaperd.cli_rdma_env", "shaperd.cli_rdma_opensm", "shaperd.report.rdma_status")
+SUBCOMMANDS: tuple[str, ...] = ("shaperd.cli_rdma_env", "shaperd.cli_rdma_opensm", "shaperd.report.rdma_status",
+                                "shaperd.cli_rdma_dcb")
 
 
 def register(sub, node_opts) -> None:
