@@ -334,3 +334,29 @@ def test_maxrate_rounding_tolerance():
     assert maxrate_in_sync(0, 0) and maxrate_in_sync(60_050_000, 60_000_000)
     assert not maxrate_in_sync(0, 5) and not maxrate_in_sync(60_000_000, 60_000_001)
     assert not maxrate_in_sync(60_000_000, 0)
+
+
+def _state_of(n) -> dcb.DcbState:
+    return dcb.DcbState(n.netdev, dcb.Ets(tc_tx_bw=n.tc_bw_pct, tc_tsa=n.tc_tsa, prio_tc=n.prio_tc),
+                        n.maxrate_kbps, tuple(dcb.App(dcb.SEL_DSCP, d, p) for d, p in n.dscp_prio))
+
+
+def _observed(states):
+    from shaperd.backends.dcb.backend import DcbObserved
+
+    return DcbObserved(states=dict(states))
+
+
+@settings(max_examples=40, deadline=None)
+@given(tenant_lists, st.integers(0, 7), st.integers(1, 50))
+def test_diff_in_sync_is_no_op_and_any_drift_is_one_write(specs, tc, delta):
+    p = planned(INV, _text(specs))
+    states = {n.netdev: _state_of(n) for n in p.netdevs}
+    assert all(td.ops == [] and td.blocked is None for td in diff(p, _observed(states)))
+    for n in p.netdevs:
+        s = states[n.netdev]
+        bw = list(s.ets.tc_tx_bw)
+        bw[tc] = (bw[tc] + delta) % 101
+        drifted = {**states, n.netdev: dataclasses.replace(s, ets=dataclasses.replace(s.ets, tc_tx_bw=tuple(bw)))}
+        got = {td.target: [type(op) for op in td.ops] for td in diff(p, _observed(drifted))}
+        assert got[n.netdev] == ([SetEts] if tuple(bw) != n.tc_bw_pct else [])
