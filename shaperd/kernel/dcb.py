@@ -123,10 +123,14 @@ class DcbState:
 
 
 # -- encoding (pure) -------------------------------------------------------------
-def _request(mtype: int, cmd: int, ifname: str, seq: int, ieee: bytes | None) -> bytes:
+def _body(cmd: int, ifname: str, ieee: bytes | None) -> bytes:
     body = DCBMSG.pack(0, cmd, 0) + nlmsg.rta(DCB_ATTR_IFNAME, ifname.encode() + b"\0")
     if ieee is not None:
         body += nlmsg.rta(DCB_ATTR_IEEE | NLA_F_NESTED, ieee)
+    return body
+
+
+def _request(mtype: int, body: bytes, seq: int) -> bytes:
     return nlmsg.header(nlmsg.HDR.size + len(body), mtype, nlmsg.NLM_F_REQUEST | nlmsg.NLM_F_ACK, seq) + body
 
 
@@ -135,11 +139,11 @@ def app_table(apps) -> bytes:
                                                                     for a in apps))
 
 
-def encode_get(ifname: str, seq: int) -> bytes:
-    return _request(RTM_GETDCB, DCB_CMD_IEEE_GET, ifname, seq, None)
+def get_body(ifname: str) -> bytes:
+    return _body(DCB_CMD_IEEE_GET, ifname, None)
 
 
-def encode_set(ifname: str, seq: int, *, ets: Ets | None = None, maxrate_kbps=None, apps=()) -> bytes:
+def set_body(ifname: str, *, ets: Ets | None = None, maxrate_kbps=None, apps=()) -> bytes:
     """One IEEE_SET; the attributes in the kernel's handling order (ETS, MAXRATE, APP_TABLE)."""
     ieee = b""
     if ets is not None:
@@ -148,11 +152,23 @@ def encode_set(ifname: str, seq: int, *, ets: Ets | None = None, maxrate_kbps=No
         ieee += nlmsg.rta(DCB_ATTR_IEEE_MAXRATE, MAXRATE.pack(*maxrate_kbps))
     if apps:
         ieee += app_table(apps)
-    return _request(RTM_SETDCB, DCB_CMD_IEEE_SET, ifname, seq, ieee)
+    return _body(DCB_CMD_IEEE_SET, ifname, ieee)
+
+
+def del_apps_body(ifname: str, apps) -> bytes:
+    return _body(DCB_CMD_IEEE_DEL, ifname, app_table(apps))
+
+
+def encode_get(ifname: str, seq: int) -> bytes:
+    return _request(RTM_GETDCB, get_body(ifname), seq)
+
+
+def encode_set(ifname: str, seq: int, **kw) -> bytes:
+    return _request(RTM_SETDCB, set_body(ifname, **kw), seq)
 
 
 def encode_del_apps(ifname: str, seq: int, apps) -> bytes:
-    return _request(RTM_SETDCB, DCB_CMD_IEEE_DEL, ifname, seq, app_table(apps))
+    return _request(RTM_SETDCB, del_apps_body(ifname, apps), seq)
 
 
 # -- decoding (pure) -------------------------------------------------------------
@@ -200,11 +216,10 @@ class DcbClient:
     def __init__(self, reader: RtnlReader):
         self.reader = reader
 
-    def _exchange(self, data: bytes, what: str, verb: str, device: str) -> tuple[bytes, nlmsg.Message] | None:
-        r = self.reader
-        mtype, flags = nlmsg.HDR.unpack_from(data)[1:3]
-        body = data[nlmsg.HDR.size:]
-        for buf, msgs in r._replies(mtype, flags & ~nlmsg.NLM_F_REQUEST, body, what, device):
+    def _exchange(self, mtype: int, body: bytes, what: str, verb: str,
+                  device: str) -> tuple[bytes, nlmsg.Message] | None:
+        """Send one request (with NLM_F_ACK, as dcb does); its answer message, None for a bare ack."""
+        for buf, msgs in self.reader._replies(mtype, nlmsg.NLM_F_ACK, body, what, device):
             for m in msgs:
                 if m.type == nlmsg.NLMSG_ERROR:
                     code = nlmsg.error_code(buf, m)
@@ -216,13 +231,13 @@ class DcbClient:
         return None
 
     def get(self, ifname: str) -> DcbState:
-        got = self._exchange(encode_get(ifname, 0), "DCB IEEE configuration", "read", ifname)
+        got = self._exchange(RTM_GETDCB, get_body(ifname), "DCB IEEE configuration", "read", ifname)
         if got is None:
             raise KernelError("read", "DCB IEEE configuration", ifname, "acked without an answer")
         return decode_ieee(*got)
 
-    def _set(self, data: bytes, what: str, verb: str, ifname: str) -> None:
-        got = self._exchange(data, what, verb, ifname)
+    def _set(self, body: bytes, what: str, verb: str, ifname: str) -> None:
+        got = self._exchange(RTM_SETDCB, body, what, verb, ifname)
         if got is not None:
             code = set_status(*got)
             if code:
@@ -230,8 +245,7 @@ class DcbClient:
 
     def set(self, ifname: str, *, ets: Ets | None = None, maxrate_kbps=None, apps=()) -> None:
         what = " and ".join(n for n, v in (("ETS", ets), ("max rates", maxrate_kbps), ("APP entries", apps)) if v)
-        self._set(encode_set(ifname, 0, ets=ets, maxrate_kbps=maxrate_kbps, apps=apps), what or "nothing", "set",
-                  ifname)
+        self._set(set_body(ifname, ets=ets, maxrate_kbps=maxrate_kbps, apps=apps), what or "nothing", "set", ifname)
 
     def delete_apps(self, ifname: str, apps) -> None:
-        self._set(encode_del_apps(ifname, 0, apps), "APP entries", "delete", ifname)
+        self._set(del_apps_body(ifname, apps), "APP entries", "delete", ifname)

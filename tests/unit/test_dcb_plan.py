@@ -85,8 +85,12 @@ def test_software_roce_has_no_dcb_and_is_skipped_with_a_warning():
 
 
 def test_no_speed_and_no_capacity_is_a_problem_not_a_guess(tmp_path):
-    inv = dataclasses.replace(inventory(tmp_path), links=())
-    p = planned(inv, cfg_text(TWO))
+    # no link speed: the PF port's rate (the fixture's mlx5_0) is the capacity
+    inv = inventory(tmp_path)
+    n = planned(dataclasses.replace(inv, links=()), cfg_text(TWO)).netdevs[0]
+    assert n.capacity_bps == int(inv.rdma_device("mlx5_0").ports[0].rate_gbps * 1e9)
+    # neither a link speed nor a port rate: a problem, not a guess
+    p = planned(dataclasses.replace(INV, links=()), cfg_text([("a", 1, None, 1, "vf0_0")]))
     assert p.netdevs == () and [pr.path for pr in p.problems] == ["node.capacity"]
 
 

@@ -162,7 +162,7 @@ def _capacity(cfg: Config, inv: Inventory, nd: str, tenants: list[TenantRdma]) -
     link = next((l for l in inv.links if l.name == nd), None)
     if link is not None and link.speed_bps:
         return link.speed_bps
-    rates = [p.rate_gbps for t in tenants for p in t.ports if nd in p.netdevs and p.rate_gbps]
+    rates = [p.rate_gbps for d in inv.rdma for p in d.ports if nd in p.netdevs and p.rate_gbps]
     return int(max(rates) * 1e9) if rates else None
 
 
