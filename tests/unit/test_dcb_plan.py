@@ -364,3 +364,24 @@ def test_diff_in_sync_is_no_op_and_any_drift_is_one_write(specs, tc, delta):
         drifted = {**states, n.netdev: dataclasses.replace(s, ets=dataclasses.replace(s.ets, tc_tx_bw=tuple(bw)))}
         got = {td.target: [type(op) for op in td.ops] for td in diff(p, _observed(drifted))}
         assert got[n.netdev] == ([SetEts] if tuple(bw) != n.tc_bw_pct else [])
+
+
+def test_fewer_tcs_than_needed_or_no_ets_report_blocks_ets_but_not_app():
+    want = dp.NetdevDcb("x", CAP, (50, 30, 20, 0, 0, 0, 0, 0), maxrate_kbps=(0, 5, 0, 0, 0, 0, 0, 0),
+                        dscp_prio=((26, 1),))
+    two_tcs = dcb.DcbState("x", dcb.Ets(ets_cap=2), (0,) * 8)
+    (td,) = diff(dp.DcbPlan((want,)), _observed({"x": two_tcs}))
+    assert [type(o) for o in td.ops] == [AddDscpApps] and "supports 2 ETS traffic classes, the plan needs 3" in td.blocked
+    no_ets = dcb.DcbState("x", None, None)
+    (td,) = diff(dp.DcbPlan((want,)), _observed({"x": no_ets}))
+    assert [type(o) for o in td.ops] == [AddDscpApps] and "reports no ETS" in td.blocked
+
+
+def test_teardown_lifts_max_rates_and_leaves_shares_and_apps():
+    b = DcbBackend(client=FakeDcb([]))
+    capped = dcb.DcbState("x", dcb.Ets(tc_tx_bw=(50, 50, 0, 0, 0, 0, 0, 0)), (0, 5, 0, 0, 0, 0, 0, 0),
+                          (dcb.App(5, 26, 1),))
+    free = dcb.DcbState("y", dcb.Ets(), (0,) * 8)
+    tds = b.teardown(_observed({"x": capped, "y": free}))
+    assert [(td.target, [type(o) for o in td.ops]) for td in tds] == [("x", [SetMaxrate])]
+    assert tds[0].ops[0].maxrate_kbps == (0,) * 8
