@@ -11,7 +11,8 @@ ops: the kernel answers dcb's first request (an IEEE_GET, read before every
 write) with EOPNOTSUPP and dcb would stop there. So ``dcb_fake_answers.c``
 (LD_PRELOAD) answers dcb's reads with an all-zero configuration; every
 request still reaches the kernel unchanged and strace shows its bytes. The
-SET message is the fixture; the GET before it is compared too.
+SET message is the fixture; the GET before it is compared too. ``uapi_layout.json``
+is what the C compiler says about the structs' offsets and sizes (``uapi_layout.c``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def record(out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         so = Path(tmp) / "dcb_fake_answers.so"
         procs.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(so), str(src), "-ldl"], timeout_s=60)
+        layout = Path(tmp) / "uapi_layout"
+        procs.run(["gcc", "-o", str(layout), str(src.with_name("uapi_layout.c"))], timeout_s=60)
+        (out / "uapi_layout.json").write_text(procs.run([str(layout)], timeout_s=10).stdout)
         procs.run(["ip", "netns", "add", NETNS], timeout_s=10)
         try:
             procs.run(["ip", "-n", NETNS, "link", "add", DEV, "type", "veth", "peer", "name", DEV + "p"], timeout_s=10)

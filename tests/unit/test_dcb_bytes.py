@@ -32,6 +32,23 @@ def _seq(msg: bytes) -> int:
     return nlmsg.HDR.unpack_from(msg)[3]
 
 
+def test_struct_offsets_match_what_the_c_compiler_says():
+    """uapi_layout.json: offsetof/sizeof from linux/dcbnl.h, compiled by the recorder (uapi_layout.c)."""
+    import json
+
+    c = json.loads((FIX / "uapi_layout.json").read_text())
+    assert (c["sizeof.ieee_ets"], c["sizeof.ieee_maxrate"], c["sizeof.ieee_pfc"], c["sizeof.dcb_app"],
+            c["sizeof.dcbmsg"]) == (dcb.ETS.size, dcb.MAXRATE.size, dcb.PFC.size, dcb.APP.size, dcb.DCBMSG.size)
+    # struct.Struct("=BBB8s8s8s8s..."): three u8, then the 8-byte arrays in declaration order
+    assert [c[f"ieee_ets.{f}"] for f in ("tc_tx_bw", "tc_rx_bw", "tc_tsa", "prio_tc", "reco_prio_tc")] == \
+        [3, 11, 19, 27, 51]
+    # "=BBBxH2x8Q8Q": pfc_cap, pfc_en, mbc, pad, delay, pad to 8, requests[8], indications[8]
+    assert [c[f"ieee_pfc.{f}"] for f in ("pfc_en", "mbc", "delay", "requests", "indications")] == [1, 2, 4, 8, 72]
+    assert struct.calcsize("=BBBxH2x") == c["ieee_pfc.requests"]
+    # "=BBH": selector, priority, protocol
+    assert [c[f"dcb_app.{f}"] for f in ("selector", "priority", "protocol")] == [0, 1, 2]
+
+
 def test_struct_sizes_match_the_uapi():
     assert dcb.ETS.size == 59  # 3 u8 + 7 arrays of 8
     assert dcb.MAXRATE.size == 64
