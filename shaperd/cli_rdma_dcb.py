@@ -35,7 +35,8 @@ def collect(cfg, roots, netns=None, client=None) -> dict:
     out = {"netdevs": {}, "warnings": list(desired.warnings), "problems": [str(p) for p in desired.problems]}
     for nd, s in sorted(b.status().items()):
         row: dict = {"error": s.error, "not_sticking": list(s.not_sticking),
-                     "foreign_dscp_prio": [list(x) for x in s.foreign_apps], "pfc_priorities": list(s.pfc_priorities) if s.pfc_priorities is not None else None,
+                     "foreign_dscp_prio": [list(x) for x in s.foreign_apps],
+                     "pfc_priorities": list(s.pfc_priorities) if s.pfc_priorities is not None else None,
                      "notes": list(s.pfc_notes)}
         if s.configured is not None:
             c = s.configured

@@ -17,7 +17,6 @@ is what the C compiler says about the structs' offsets and sizes (``uapi_layout.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 from pathlib import Path

@@ -93,7 +93,8 @@ def test_app_delete_is_the_same_table_under_ieee_del():
     apps = [dcb.App(dcb.SEL_DSCP, 26, 1)]
     add, delete = dcb.encode_set(DEV, 7, apps=apps), dcb.encode_del_apps(DEV, 7, apps)
     assert delete[nlmsg.HDR.size + 1] == dcb.DCB_CMD_IEEE_DEL
-    assert add[:nlmsg.HDR.size + 1] == delete[:nlmsg.HDR.size + 1] and add[nlmsg.HDR.size + 2:] == delete[nlmsg.HDR.size + 2:]
+    cmd_at = nlmsg.HDR.size + 1
+    assert add[:cmd_at] == delete[:cmd_at] and add[cmd_at + 1:] == delete[cmd_at + 1:]
 
 
 # -- decoding hand-built answers (not recorded: no device here answers an IEEE_GET) ------------

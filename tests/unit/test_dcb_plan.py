@@ -42,7 +42,8 @@ def cfg_text(tenants) -> str:
     out = "tenants:\n"
     for name, g, lim, prio, dev in tenants:
         limit = f", bandwidthLimit: {lim}Gbps" if lim is not None else ""
-        out += f"  - {{name: {name}, bandwidthGuarantee: {g}Gbps{limit}, priority: {prio}, rdma: {{devices: [{dev}]}}}}\n"
+        out += (f"  - {{name: {name}, bandwidthGuarantee: {g}Gbps{limit}, priority: {prio}, "
+                f"rdma: {{devices: [{dev}]}}}}\n")
     return out
 
 
@@ -371,7 +372,8 @@ def test_fewer_tcs_than_needed_or_no_ets_report_blocks_ets_but_not_app():
                         dscp_prio=((26, 1),))
     two_tcs = dcb.DcbState("x", dcb.Ets(ets_cap=2), (0,) * 8)
     (td,) = diff(dp.DcbPlan((want,)), _observed({"x": two_tcs}))
-    assert [type(o) for o in td.ops] == [AddDscpApps] and "supports 2 ETS traffic classes, the plan needs 3" in td.blocked
+    assert [type(o) for o in td.ops] == [AddDscpApps]
+    assert "supports 2 ETS traffic classes, the plan needs 3" in td.blocked
     no_ets = dcb.DcbState("x", None, None)
     (td,) = diff(dp.DcbPlan((want,)), _observed({"x": no_ets}))
     assert [type(o) for o in td.ops] == [AddDscpApps] and "reports no ETS" in td.blocked

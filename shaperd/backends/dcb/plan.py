@@ -36,7 +36,7 @@ The chain, per netdev:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ...config import Config, Tenant
 from ...errors import ConfigProblem

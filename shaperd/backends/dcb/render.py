@@ -18,7 +18,10 @@ TSA_NAMES = {0: "strict", 1: "cbs", 2: "ets", 255: "vendor"}
 def netdev_commands(n: NetdevDcb) -> list[list[str]]:
     """argv lists (after ``dcb``) that set ``n``'s ETS, max rates and DSCP APP entries."""
     tsa = {TSA_NAMES.get(t, str(t)) for t in n.tc_tsa}
-    tsa_args = [f"all:{tsa.pop()}"] if len(tsa) == 1 else [f"{tc}:{TSA_NAMES.get(t, t)}" for tc, t in enumerate(n.tc_tsa)]
+    if len(tsa) == 1:
+        tsa_args = [f"all:{tsa.pop()}"]
+    else:
+        tsa_args = [f"{tc}:{TSA_NAMES.get(t, t)}" for tc, t in enumerate(n.tc_tsa)]
     cmds = [["ets", "set", "dev", n.netdev, "tc-tsa", *tsa_args,
              "tc-bw", *(f"{tc}:{b}" for tc, b in enumerate(n.tc_bw_pct)),
              "prio-tc", *(f"{p}:{tc}" for p, tc in enumerate(n.prio_tc))],
