@@ -100,8 +100,17 @@ class DcbBackend:
         return obs
 
     def _remember(self, obs: DcbObserved) -> None:
-        self._status = {nd: self._netdev_status(nd, obs.states.get(nd), obs.errors.get(nd))
-                        for nd in sorted(set(obs.states) | set(obs.errors))}
+        new = {nd: self._netdev_status(nd, obs.states.get(nd), obs.errors.get(nd))
+               for nd in sorted(set(obs.states) | set(obs.errors))}
+        for nd, s in new.items():  # one log line when what is left alone changes, not one per reconcile
+            old = self._status.get(nd)
+            if s.foreign_apps and (old is None or old.foreign_apps != s.foreign_apps):
+                self.log.info("DCB APP entries not shaperd's: left alone", netdev=nd,
+                              dscp_prio=[f"{d}:{p}" for d, p in s.foreign_apps])
+            if s.pfc_notes and (old is None or old.pfc_notes != s.pfc_notes):
+                self.log.warning("PFC does not cover a tenant's priority (read only)", netdev=nd,
+                                 notes=list(s.pfc_notes))
+        self._status = new
 
     def _netdev_status(self, nd: str, st, error: str | None) -> NetdevStatus:
         want = self._plan.netdev(nd)
