@@ -11,7 +11,7 @@ import importlib
 
 # Modules that add an ``rdma`` subcommand (imported when the parser is built).
 SUBCOMMANDS: tuple[str, ...] = ("shaperd.cli_rdma_env", "shaperd.cli_rdma_opensm", "shaperd.report.rdma_status",
-                               "shaperd.cli_rdma_devlink", "shaperd.cli_rdma_vf")
+                               "shaperd.cli_rdma_devlink", "shaperd.cli_rdma_vf", "shaperd.cli_rdma_dcb")
 
 
 def register(sub, node_opts) -> None:

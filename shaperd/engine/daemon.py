@@ -288,6 +288,9 @@ class Daemon:
         from ..report import vfrate_metrics
 
         vfrate_metrics.install(self.metrics, rec.backends)
+        from ..report import dcb_metrics
+
+        dcb_metrics.install(self.metrics, rec.backends)
         try:
             server = MetricsServer(self.metrics_address, self.metrics)
         except (OSError, ValueError) as e:

@@ -264,15 +264,17 @@ class Reconciler:
             self.log.error("kernel write failed", backend=b.name, device=op.device, tenant=op.tenant, error=str(err))
 
 
-def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT) -> list[Backend]:
+def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, netns: str | None = None) -> list[Backend]:
     """The enforcement paths shaperd runs today, in the order they are reconciled."""
+    from ..backends.dcb.backend import DcbBackend
     from ..backends.htb.backend import HtbBackend
     from ..backends.marks.backend import MarksBackend
     from ..backends.devlink.backend import DevlinkBackend
     from ..backends.rdma.backend import RdmaBackend
     from ..backends.vfrate.backend import VfRateBackend
 
-    return [HtbBackend(writer, take_over=take_over), MarksBackend(writer), DevlinkBackend(), RdmaBackend(roots),
+    return [HtbBackend(writer, take_over=take_over), MarksBackend(writer), DevlinkBackend(),
+            DcbBackend(netns, str(roots.run)), RdmaBackend(roots),
             VfRateBackend(writer, state_file=roots.run / "shaperd" / "vfrate-owned.json")]
 
 
@@ -284,5 +286,5 @@ def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DE
 
     reader = RtnlReader(netns, run_root=str(roots.run))
     writer = tc.open_writer(netns, str(roots.run))
-    return Reconciler(reader, default_backends(writer, take_over, roots), caps, roots=roots, pods_source=pods_source,
+    return Reconciler(reader, default_backends(writer, take_over, roots, netns), caps, roots=roots, pods_source=pods_source,
                       pod_resources=pod_resources)

@@ -100,6 +100,18 @@ def netlink_full():
         return out
 
 
+def dcb_answer():
+    """The kernel's DCB answer on the veth (no DCB ops): the typed "not supported" error, or what came instead."""
+    from shaperd.kernel import dcb
+    from shaperd.kernel.rtnl import RtnlReader
+
+    with RtnlReader() as r:
+        try:
+            return {"state": plain(dcb.DcbClient(r).get(VETH))}
+        except dcb.DcbNotSupported as e:
+            return {"not_supported": True, "errno": e.errno, "error": str(e), "links_after": len(r.links())}
+
+
 def main(outdir: str) -> int:
     out_dir = Path(outdir)
     out: dict = {"uname": os.uname().release, "steps": {}}
@@ -111,6 +123,7 @@ def main(outdir: str) -> int:
     steps["up_a"] = run(["ip", "link", "set", VETH, "up"])
     steps["up_b"] = run(["ip", "link", "set", PEER, "up"])
     steps["rxe"] = run(["rdma", "link", "add", RXE, "type", "rxe", "netdev", VETH])
+    attempt(out, "dcb_veth", dcb_answer)
     out["veth_ifindex"] = int(Path(f"/sys/class/net/{VETH}/ifindex").read_text()) if Path(
         f"/sys/class/net/{VETH}").exists() else None
     for key, argv in {"dev": ["rdma", "-j", "dev", "show"], "link": ["rdma", "-j", "link", "show"],

@@ -119,3 +119,10 @@ def test_rdma_status_in_the_guest_shows_the_owner_and_no_fake_bytes(guest):
     assert port["hw_counters"]["sent_pkts"]["total"] == 0 and "sm_check" not in port
     assert out["netlink"] == {"available": True, "error": None, "devices": [RXE], "netns_exclusive": False}
     assert out["notes"] == []
+
+
+def test_dcb_on_the_veth_is_a_typed_not_supported_that_costs_nothing_else(guest):
+    got = guest.result["dcb_veth"]
+    assert got["not_supported"] is True and got["errno"] == 95
+    assert got["error"] == "read DCB IEEE configuration on shrxa: Operation not supported"
+    assert got["links_after"] >= 3  # lo and the veth pair: the same socket still reads
