@@ -46,8 +46,8 @@ class GuestRun:
 
 
 def kernel_image() -> Path:
-    """The newest Debian kernel image under /boot."""
-    images = sorted(Path("/boot").glob("vmlinuz-*"), key=lambda p: p.stat().st_mtime)
+    """The newest Debian kernel image under /boot (``-amd64``: linux-image-amd64's, not the host's own)."""
+    images = sorted(Path("/boot").glob("vmlinuz-*-amd64"), key=lambda p: p.stat().st_mtime)
     if not images:
         raise VmUnavailable("no kernel image under /boot (apt-get install linux-image-amd64; scripts/setup does)")
     return images[-1]
