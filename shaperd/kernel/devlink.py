@@ -29,13 +29,14 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import KernelError
 from . import netns as netns_mod
 from . import nlmsg
+from .nlexchange import NetlinkExchange
 from .nlmsg import Message
 
 NETLINK_GENERIC = 16
@@ -77,7 +78,6 @@ PORT_FLAVOUR_PCI_PF, PORT_FLAVOUR_PCI_VF, PORT_FLAVOUR_PCI_SF = 3, 4, 7
 DEFAULT_TIMEOUT_S = 5.0
 DUMP_ATTEMPTS = 4
 RCVBUF_BYTES = 1 << 20
-RECV_BYTES = 1 << 16
 
 T = TypeVar("T")
 
@@ -324,54 +324,15 @@ def open_socket(netns: str | None = None, run_root: str = "/run") -> socket.sock
     return sock
 
 
-class DevlinkNl:
+class DevlinkNl(NetlinkExchange):
     """Rate reads and writes over one generic netlink socket (``sock`` and ``clock`` injectable for tests)."""
 
     def __init__(self, netns: str | None = None, *, sock=None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  run_root: str = "/run", clock: Callable[[], float] = time.monotonic, seq: int = 0,
                  family: int | None = None):
-        self.where = netns or "node"
-        self.sock = sock if sock is not None else open_socket(netns, run_root)
-        self.timeout_s = timeout_s
-        self.clock = clock
-        self.seq = seq
+        super().__init__(sock if sock is not None else open_socket(netns, run_root), netns or "node", timeout_s,
+                         clock, seq)
         self._family = family
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> "DevlinkNl":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    # -- the exchange ----------------------------------------------------------
-    def _replies(self, req: Callable[[int], bytes], what: str) -> Iterator[tuple[bytes, Message]]:
-        self.seq += 1
-        seq = self.seq
-        deadline = self.clock() + self.timeout_s
-        try:
-            self.sock.send(req(seq))
-            while True:
-                left = deadline - self.clock()
-                if left <= 0:
-                    raise socket.timeout()
-                self.sock.settimeout(left)
-                buf = self.sock.recv(RECV_BYTES)
-                if not buf:
-                    raise KernelError("read", what, self.where, "netlink socket closed", errno_mod.EPIPE)
-                for m in nlmsg.messages(buf):
-                    if m.seq != seq:
-                        continue  # a late answer to an earlier request that timed out
-                    yield buf, m
-                    if m.type in (nlmsg.NLMSG_DONE, nlmsg.NLMSG_ERROR):
-                        return
-        except socket.timeout as e:
-            raise KernelError("read", what, self.where, f"no complete answer from the kernel within "
-                              f"{self.timeout_s:g} s", errno_mod.ETIMEDOUT) from e
-        except OSError as e:
-            raise KernelError("read", what, self.where, e.strerror or str(e), e.errno) from e
 
     def family(self) -> int:
         """The devlink family id (resolved once); DevlinkAbsent where the kernel has no such family."""

@@ -26,13 +26,14 @@ import errno as errno_mod
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..errors import KernelError
 from . import netns as netns_mod
 from . import nlmsg
+from .nlexchange import NetlinkExchange
 from .nlmsg import Message
 
 NETLINK_RDMA = 20
@@ -51,7 +52,6 @@ ATTR_STAT_HWCOUNTER_ENTRY_NAME, ATTR_STAT_HWCOUNTER_ENTRY_VALUE = 82, 83
 DEFAULT_TIMEOUT_S = 5.0
 DUMP_ATTEMPTS = 4
 RCVBUF_BYTES = 1 << 20
-RECV_BYTES = 1 << 16
 # How the kernel answers a get for a device index or port it does not have (nldev_get_doit,
 # nldev_port_get_doit: EINVAL; ENODEV/ENOENT kept for other kernels).
 NO_SUCH_DEVICE = frozenset({errno_mod.EINVAL, errno_mod.ENODEV, errno_mod.ENOENT})
@@ -260,54 +260,14 @@ def open_socket(netns: str | None = None, run_root: str = "/run") -> socket.sock
     return sock
 
 
-class RdmaNlReader:
+class RdmaNlReader(NetlinkExchange):
     """Typed reads over one NETLINK_RDMA socket (``sock`` and ``clock`` injectable for tests)."""
 
     def __init__(self, netns: str | None = None, *, sock=None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  run_root: str = "/run", clock: Callable[[], float] = time.monotonic, seq: int = 0):
+        super().__init__(sock if sock is not None else open_socket(netns, run_root), netns or "node", timeout_s,
+                         clock, seq)
         self.netns = netns
-        self.where = netns or "node"
-        self.sock = sock if sock is not None else open_socket(netns, run_root)
-        self.timeout_s = timeout_s
-        self.clock = clock
-        self.seq = seq
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> "RdmaNlReader":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    # -- the exchange ----------------------------------------------------------
-    def _replies(self, req: Callable[[int], bytes], what: str) -> Iterator[tuple[bytes, Message]]:
-        """Send one request; yield every reply to it up to and including the DONE or NLMSG_ERROR (ack) ending it."""
-        self.seq += 1
-        seq = self.seq
-        deadline = self.clock() + self.timeout_s
-        try:
-            self.sock.send(req(seq))
-            while True:
-                left = deadline - self.clock()
-                if left <= 0:
-                    raise socket.timeout()
-                self.sock.settimeout(left)
-                buf = self.sock.recv(RECV_BYTES)
-                if not buf:
-                    raise KernelError("read", what, self.where, "netlink socket closed", errno_mod.EPIPE)
-                for m in nlmsg.messages(buf):
-                    if m.seq != seq:
-                        continue  # a late answer to an earlier request that timed out
-                    yield buf, m
-                    if m.type in (nlmsg.NLMSG_DONE, nlmsg.NLMSG_ERROR):
-                        return
-        except socket.timeout as e:
-            raise KernelError("read", what, self.where, f"no complete answer from the kernel within "
-                              f"{self.timeout_s:g} s", errno_mod.ETIMEDOUT) from e
-        except OSError as e:
-            raise KernelError("read", what, self.where, e.strerror or str(e), e.errno) from e
 
     def _dump(self, req: Callable[[int], bytes], decode: Callable[[bytes, Message], T], what: str) -> list[T]:
         for _attempt in range(DUMP_ATTEMPTS):

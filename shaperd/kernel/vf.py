@@ -31,7 +31,6 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
 from ..backends.base import ApplyResult
 from ..backends.vfrate.ops import SetVfRate
-from ..errors import KernelError
 from . import nlmsg
 from . import rtnl_rows as rows
 
