@@ -20,33 +20,32 @@ def register(sub, node_opts) -> None:
     p.set_defaults(fn=run)
 
 
-def run(args) -> int:
+def collect(cfg, roots, open_nl) -> dict:
+    """The ``--json`` object (also ``shaperd status``'s ``devlink_rates``); ``open_nl`` makes the devlink socket."""
     from .backends.devlink.backend import DevlinkBackend
     from .backends.base import PlanInput
-    from .config import load_file
     from .discovery import rdma
     from .inventory import Capabilities, Inventory
-    from .kernel import devlink as nl
-    from .roots import Roots
     from .tenancy import tenancy
 
-    cfg = load_file(args.config)
-    roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
     devices, notes = rdma.discover(roots)
     inv = Inventory(rdma=devices, rdma_notes=notes)
-    b = DevlinkBackend(lambda: nl.DevlinkNl(args.netns, run_root=args.run_root))
+    b = DevlinkBackend(open_nl)
     support = b.probe(Capabilities())
     desired = b.plan(PlanInput(cfg, inv, tenancy(cfg, inv)))
-    out: dict = {"enabled": support.enabled, "notes": list(support.notes), "warnings": list(desired.warnings),
-                 "problems": [str(p) for p in desired.problems], "nodes": [], "devices": []}
+    out: dict = {"enabled": support.enabled, "family_absent": b.family_absent, "notes": list(support.notes),
+                 "warnings": list(desired.warnings), "problems": [str(p) for p in desired.problems],
+                 "nodes": [], "devices": []}
     kernel: dict = {}
     if support.enabled:
-        observed = b.observe(None, inv)
-        kernel = {(r.instance, r.node): r for r in observed.rates if r.node is not None}
-        for d in b.diff(desired, observed):
-            out["devices"].append({"device": d.target, "pending": [op.describe() for op in d.ops],
-                                   "left_alone": d.blocked, "error": d.error})
-        b.close()
+        try:
+            observed = b.observe(None, inv)
+            kernel = {(r.instance, r.node): r for r in observed.rates if r.node is not None}
+            for d in b.diff(desired, observed):
+                out["devices"].append({"device": d.target, "pending": [op.describe() for op in d.ops],
+                                       "left_alone": d.blocked, "error": d.error})
+        finally:
+            b.close()
     for n in desired.nodes:
         k = kernel.get((n.instance, n.node))
         out["nodes"].append({"tenant": n.tenant, "device": n.instance, "node": n.node,
@@ -54,6 +53,17 @@ def run(args) -> int:
                              "vfs": [v.vf for v in n.vfs],
                              "kernel": None if k is None else {"tx_share_Bps": k.tx_share_Bps,
                                                                "tx_max_Bps": k.tx_max_Bps}})
+    return out
+
+
+def run(args) -> int:
+    from .config import load_file
+    from .kernel import devlink as nl
+    from .roots import Roots
+
+    cfg = load_file(args.config)
+    roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
+    out = collect(cfg, roots, lambda: nl.DevlinkNl(args.netns, run_root=args.run_root))
     if args.json:
         print(json.dumps(out, indent=1))
         return 0

@@ -51,28 +51,39 @@ def rows(backend, report, refusals: dict | None = None) -> list[dict]:
     return out
 
 
-def run(args) -> int:
+def read(cfg, roots, reader, kernel=None):
+    """Plan as the running agent does and diff without writing: (backend, report, refusals), for rows()/as_json()."""
     from .backends.vfrate.backend import VfRateBackend, read_refusals
-    from .config import load_file
     from .engine.reconciler import Reconciler
     from .inventory import Capabilities
+
+    refusals = read_refusals(roots.run / "shaperd" / "vfrate-owned.json")
+    backend = VfRateBackend(writer=None, kernel=kernel)  # no record: this command writes nothing, not even that
+    backend.adopt_refusals(cfg, refusals)  # plan as the running agent does
+    rep = Reconciler(reader, [backend], Capabilities(), roots=roots).diff(cfg)
+    return backend, rep, refusals
+
+
+def as_json(backend, rep, refusals) -> dict:
+    """The ``--json`` object (also ``shaperd status``'s ``vf_rates``)."""
+    return {"vfs": rows(backend, rep, refusals), "warnings": list(rep.plan.warnings),
+            "pfs": {t.device: {"blocked": t.blocked, "error": t.error} for t in rep.devices}}
+
+
+def run(args) -> int:
+    from .config import load_file
     from .kernel.rtnl import RtnlReader
     from .roots import Roots
 
     cfg = load_file(args.config)
     roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
-    record = roots.run / "shaperd" / "vfrate-owned.json"
-    refusals = read_refusals(record)
-    backend = VfRateBackend(writer=None)  # no record: this command writes nothing, not even that
-    backend.adopt_refusals(cfg, refusals)  # plan as the running agent does
     with RtnlReader(args.netns, run_root=args.run_root) as reader:
-        rep = Reconciler(reader, [backend], Capabilities(), roots=roots).diff(cfg)
-    table = rows(backend, rep, refusals)
+        backend, rep, refusals = read(cfg, roots, reader)
+    out = as_json(backend, rep, refusals)
+    table = out["vfs"]
     bad = [t for t in rep.devices if t.ops or t.blocked or t.error]
     if args.json:
-        print(json.dumps({"vfs": table, "warnings": list(rep.plan.warnings),
-                          "pfs": {t.device: {"blocked": t.blocked, "error": t.error} for t in rep.devices}},
-                         indent=2))
+        print(json.dumps(out, indent=2))
         return 1 if bad else 0
     for w in backend.snapshot.desired.warnings:
         print(f"warning: {w}")

@@ -5,7 +5,10 @@ window apart, and labels classes with tenant names from the tenants file
 (class ids are derived from names, so no saved state is needed). Without a
 readable tenants file, classes are shown by id. The RDMA path is read at the
 same instants and shown beside it (report/rdma_view.py): the tenants' RDMA
-ports and what they sent.
+ports and what they sent. After them, one section per NIC backend that has
+something on this node (report/nic_status.py: VF rates, devlink rate groups,
+RoCE DCB; configured vs read back), read through the same functions as
+``shaperd rdma vf-rates``, ``rdma devlink`` and ``rdma dcb``.
 """
 
 from __future__ import annotations
@@ -99,10 +102,12 @@ def main(args) -> int:
     from ..kernel.rtnl import RtnlReader
 
     from ..roots import Roots
-    from . import rdma_view
+    from . import nic_status, rdma_view
 
     ipr = RtnlReader(getattr(args, "netns", None))
     labels = class_labels(args.config)
+    nic_cfg = rdma_view.load_config(args.config)
+    nic_roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
     rdma = rdma_view.RdmaWatch.open(Roots.of(sys=args.sysfs_root), args.config, rate_window_s=args.interval)
     prev = sample(ipr)
     t0 = time.monotonic()
@@ -114,15 +119,18 @@ def main(args) -> int:
         rdma.sample(t1)
         rs = rows(prev, cur, t1 - t0, labels)
         ports = rdma.view()
+        nic = nic_status.collect(nic_cfg, nic_roots, ipr, netns=getattr(args, "netns", None))
         if args.json:
             print(json.dumps({"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs],
-                              "rdma": rdma_view.tenant_rows(ports)}))
+                              "rdma": rdma_view.tenant_rows(ports), **nic}))
         else:
             if args.watch and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")
             print(render_table(rs))
             if ports:
                 print("\nRDMA ports (measured at the HCA; not shaped by tc):\n" + rdma_view.render_table(ports))
+            if nic:
+                print("\n" + nic_status.render(nic))
         sys.stdout.flush()
         if not args.watch:
             return 0

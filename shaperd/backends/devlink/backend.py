@@ -62,6 +62,7 @@ class DevlinkBackend:
         self._open = open_nl or (lambda: nl.DevlinkNl())
         self._nl = None
         self.snapshot = DevlinkSnapshot()
+        self.family_absent = False  # probe: this kernel has no devlink family (nothing to group here)
 
     def _conn(self):
         if self._nl is None:
@@ -73,6 +74,7 @@ class DevlinkBackend:
             self._conn().family()
         except KernelError as e:
             self.close()  # disabled: nothing more is sent, and no socket is kept
+            self.family_absent = isinstance(e, nl.DevlinkAbsent)
             why = e.cause if isinstance(e, nl.DevlinkAbsent) else str(e)
             return Support(False, (f"devlink rate groups: {why}",))
         return Support(True)
