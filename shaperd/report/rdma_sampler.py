@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from .. import log
 from ..inventory import RdmaDevice
 from .rdma_accounting import Counters, PortTarget, RdmaAccumulator, RdmaPortSeries
+from .periodic import Periodic
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,9 @@ def targets_of(devices: Iterable[RdmaDevice], owners: Mapping[tuple[str, int], s
             for d in devices for p in d.ports}
 
 
-class RdmaSampler:
+class RdmaSampler(Periodic):
+    thread_name = "shaperd-rdma-sampler"
+
     def __init__(self, read: Callable[[list[tuple[str, int]]], Mapping[tuple[str, int], Counters | None]],
                  settings: RdmaSamplerSettings = RdmaSamplerSettings(), clock=time.monotonic, wall=time.time):
         self.read = read
@@ -85,17 +88,3 @@ class RdmaSampler:
                                      prev.failures)
         return self.snapshot
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            t0 = self.clock()
-            self.sample_once()
-            self._stop.wait(max(0.0, self.settings.period_s - (self.clock() - t0)))
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="shaperd-rdma-sampler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)

@@ -31,6 +31,7 @@ from ..backends.rdma import smcheck
 from ..backends.rdma.opensm import DEFAULT_MAX_VLS
 from ..config import Config
 from ..inventory import Inventory, RdmaPort
+from .periodic import Periodic
 
 Read = Callable[[str, int], smcheck.ObservedPort]
 MaxVls = int | Mapping[str, int]
@@ -98,8 +99,10 @@ def kernel_reader(settings: SmCheckSettings) -> Read:
     return ib_smp.reader(timeout_s=settings.timeout_s)
 
 
-class SmChecker:
+class SmChecker(Periodic):
     """Checks the node's InfiniBand ports every ``interval_s``; ``tick(now)`` is the whole schedule."""
+
+    thread_name = "shaperd-rdma-smcheck"
 
     def __init__(self, read: Read, settings: SmCheckSettings = SmCheckSettings(), clock=time.monotonic,
                  wall=time.time):
@@ -149,14 +152,6 @@ class SmChecker:
             wait = 1.0 if self._next is None else max(0.0, self._next - self.clock())
             self._stop.wait(min(wait, self.settings.interval_s))
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="shaperd-rdma-smcheck", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
 
 def families(snap: SmCheckSnapshot) -> list:

@@ -47,6 +47,7 @@ from typing import Callable, Mapping, Protocol
 
 from .. import log
 from ..backends.base import ClassTarget
+from .periodic import Periodic
 
 # Below-guarantee tolerance: 2 % of the guarantee (see module docstring).
 BELOW_MARGIN = 0.02
@@ -187,13 +188,15 @@ class SamplerSettings:
     max_interval_s: float = 5.0
 
 
-class Sampler:
+class Sampler(Periodic):
     """Background thread: read class stats every period, publish a Snapshot.
 
     ``read`` returns {(device, classid): counters} (report.status.sample on
     a netlink socket the thread owns); ``targets`` is swapped by the daemon
     after each reconcile.
     """
+
+    thread_name = "shaperd-sampler"
 
     def __init__(self, read: Callable[[], Mapping[tuple[str, int], Counters]],
                  settings: SamplerSettings = SamplerSettings(), clock=time.monotonic, wall=time.time):
@@ -231,17 +234,3 @@ class Sampler:
         self.snapshot = Snapshot(self.acc.view(), self.wall(), True, None, t - start, prev.samples + 1, prev.failures)
         return self.snapshot
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            t0 = self.clock()
-            self.sample_once()
-            self._stop.wait(max(0.0, self.settings.period_s - (self.clock() - t0)))
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="shaperd-sampler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
