@@ -13,6 +13,8 @@ OSM_TMP_DIR) and its log go under the test's directory.
 
 from __future__ import annotations
 
+import pytest
+
 import itertools
 import os
 import re
@@ -184,3 +186,11 @@ def _killpg(p: subprocess.Popen) -> None:
         os.killpg(p.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+# The marks of every test module that runs OpenSM on ibsim.
+IBSIM_MARKS = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: scripts/setup installs ibsim-utils, opensm and "
+                                                 "infiniband-diags as root, and these tests run OpenSM on ibsim"),
+]

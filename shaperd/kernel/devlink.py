@@ -34,14 +34,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import KernelError
-from . import netns as netns_mod
 from . import nlmsg
-from .nlexchange import NetlinkExchange
+from .nlexchange import NetlinkExchange, open_netlink
 from .nlmsg import Message
 
 NETLINK_GENERIC = 16
-SOL_NETLINK = 270
-NETLINK_CAP_ACK, NETLINK_EXT_ACK = 10, 11
 NLM_F_CAPPED, NLM_F_ACK_TLVS = 0x100, 0x200
 NLMSGERR_ATTR_MSG = 1
 
@@ -77,7 +74,6 @@ PORT_FLAVOUR_PCI_PF, PORT_FLAVOUR_PCI_VF, PORT_FLAVOUR_PCI_SF = 3, 4, 7
 
 DEFAULT_TIMEOUT_S = 5.0
 DUMP_ATTEMPTS = 4
-RCVBUF_BYTES = 1 << 20
 
 T = TypeVar("T")
 
@@ -304,24 +300,7 @@ def error(verb: str, what: str, where: str, code: int, detail: str = "") -> Kern
 # -- the socket ------------------------------------------------------------------------------------
 
 def open_socket(netns: str | None = None, run_root: str = "/run") -> socket.socket:
-    where = netns or "this namespace"
-    with netns_mod.entered(netns, run_root):
-        try:
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_GENERIC)
-        except OSError as e:
-            raise KernelError("open", "generic netlink socket", where, e.strerror or str(e), e.errno) from e
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
-        for opt in (NETLINK_CAP_ACK, NETLINK_EXT_ACK):
-            try:
-                sock.setsockopt(SOL_NETLINK, opt, 1)
-            except OSError:
-                pass  # older kernels: errors then carry no message, nothing else changes
-        sock.bind((0, 0))
-    except OSError as e:
-        sock.close()
-        raise KernelError("bind", "generic netlink socket", where, e.strerror or str(e), e.errno) from e
-    return sock
+    return open_netlink(NETLINK_GENERIC, "generic netlink socket", netns, run_root, ext_ack=True)
 
 
 class DevlinkNl(NetlinkExchange):

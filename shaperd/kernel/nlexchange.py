@@ -1,4 +1,7 @@
-"""One request, its replies, one deadline: the exchange shared by shaperd's hand-built netlink clients.
+"""Netlink sockets and the request/replies exchange shared by shaperd's hand-built netlink clients.
+
+``open_netlink`` is the one way to open a netlink socket (rtnetlink, RDMA
+netlink, generic netlink), created inside the target namespace.
 
 RDMA netlink (kernel/rdma_nl.py) and devlink over generic netlink
 (kernel/devlink.py) send a request and read every reply to it until the
@@ -16,10 +19,44 @@ import time
 from collections.abc import Callable, Iterator
 
 from ..errors import KernelError
+from . import netns as netns_mod
 from . import nlmsg
 from .nlmsg import Message
 
 RECV_BYTES = 1 << 16
+RCVBUF_BYTES = 1 << 20
+SOL_NETLINK = 270
+NETLINK_CAP_ACK, NETLINK_EXT_ACK = 10, 11
+
+
+def open_netlink(protocol: int, label: str, netns: str | None = None, run_root: str = "/run", *, groups: int = 0,
+                 nonblocking: bool = False, ext_ack: bool = False) -> socket.socket:
+    """A raw netlink socket of ``protocol`` in ``netns`` (bound to multicast ``groups``).
+
+    ``label`` names it in errors ("rtnetlink socket"). ``ext_ack``: ask for the kernel's error
+    messages and capped acks (older kernels without them still work, errors then carry no text).
+    The OSError of socket() is chained, so callers can map an errno (a missing protocol) to their own type.
+    """
+    where = netns or "this namespace"
+    flags = socket.SOCK_RAW | socket.SOCK_CLOEXEC | (socket.SOCK_NONBLOCK if nonblocking else 0)
+    with netns_mod.entered(netns, run_root):
+        try:
+            sock = socket.socket(socket.AF_NETLINK, flags, protocol)
+        except OSError as e:
+            raise KernelError("open", label, where, e.strerror or str(e), e.errno) from e
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+        if ext_ack:
+            for opt in (NETLINK_CAP_ACK, NETLINK_EXT_ACK):
+                try:
+                    sock.setsockopt(SOL_NETLINK, opt, 1)
+                except OSError:
+                    pass
+        sock.bind((0, groups))
+    except OSError as e:
+        sock.close()
+        raise KernelError("bind", label, where, e.strerror or str(e), e.errno) from e
+    return sock
 
 
 class NetlinkExchange:

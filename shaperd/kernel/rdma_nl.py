@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..errors import KernelError
-from . import netns as netns_mod
 from . import nlmsg
-from .nlexchange import NetlinkExchange
+from .nlexchange import NetlinkExchange, open_netlink
 from .nlmsg import Message
 
 NETLINK_RDMA = 20
@@ -51,7 +50,6 @@ ATTR_STAT_HWCOUNTER_ENTRY_NAME, ATTR_STAT_HWCOUNTER_ENTRY_VALUE = 82, 83
 
 DEFAULT_TIMEOUT_S = 5.0
 DUMP_ATTEMPTS = 4
-RCVBUF_BYTES = 1 << 20
 # How the kernel answers a get for a device index or port it does not have (nldev_get_doit,
 # nldev_port_get_doit: EINVAL; ENODEV/ENOENT kept for other kernels).
 NO_SUCH_DEVICE = frozenset({errno_mod.EINVAL, errno_mod.ENODEV, errno_mod.ENOENT})
@@ -241,23 +239,14 @@ def decode_sys(buf: bytes, msg: Message) -> SysRow:
 
 def open_socket(netns: str | None = None, run_root: str = "/run") -> socket.socket:
     """A NETLINK_RDMA socket in ``netns``; RdmaNetlinkAbsent where the kernel has no RDMA netlink."""
-    where = netns or "this namespace"
-    with netns_mod.entered(netns, run_root):
-        try:
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_RDMA)
-        except OSError as e:
-            if e.errno == errno_mod.EPROTONOSUPPORT:
-                raise RdmaNetlinkAbsent("open", "RDMA netlink socket", where,
-                                        "the kernel has no RDMA netlink (ib_core is not loaded, so no RDMA "
-                                        "device is present)", e.errno) from e
-            raise KernelError("open", "RDMA netlink socket", where, e.strerror or str(e), e.errno) from e
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
-        sock.bind((0, 0))
-    except OSError as e:
-        sock.close()
-        raise KernelError("bind", "RDMA netlink socket", where, e.strerror or str(e), e.errno) from e
-    return sock
+        return open_netlink(NETLINK_RDMA, "RDMA netlink socket", netns, run_root)
+    except KernelError as e:
+        if e.errno == errno_mod.EPROTONOSUPPORT and e.verb == "open":
+            raise RdmaNetlinkAbsent("open", "RDMA netlink socket", netns or "this namespace",
+                                    "the kernel has no RDMA netlink (ib_core is not loaded, so no RDMA "
+                                    "device is present)", e.errno) from e
+        raise
 
 
 class RdmaNlReader(NetlinkExchange):

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from ..errors import KernelError
-from . import netns as netns_mod
 from . import nlmsg
+from .nlexchange import open_netlink
 from . import rtnl_rows as rows
 from .nlmsg import Message
 
@@ -32,7 +32,6 @@ RTM_GETQDISC, RTM_GETTCLASS, RTM_GETTFILTER = 38, 42, 46
 DEFAULT_TIMEOUT_S = 5.0
 # A dump interrupted this many times in a row means the table changes faster than it can be read.
 DUMP_ATTEMPTS = 4
-RCVBUF_BYTES = 1 << 20
 # Answers to a route lookup that mean "no route", not "could not ask".
 NO_ROUTE_ERRNOS = frozenset({errno_mod.ENETUNREACH, errno_mod.EHOSTUNREACH, errno_mod.ENETDOWN,
                              errno_mod.ESRCH})
@@ -43,19 +42,7 @@ T = TypeVar("T")
 def open_socket(netns: str | None = None, run_root: str = "/run", groups: int = 0,
                 nonblocking: bool = False) -> socket.socket:
     """A NETLINK_ROUTE socket in ``netns`` (bound to multicast ``groups``)."""
-    flags = socket.SOCK_RAW | socket.SOCK_CLOEXEC | (socket.SOCK_NONBLOCK if nonblocking else 0)
-    with netns_mod.entered(netns, run_root):
-        try:
-            sock = socket.socket(socket.AF_NETLINK, flags, NETLINK_ROUTE)
-        except OSError as e:
-            raise KernelError("open", "rtnetlink socket", netns or "this namespace", e.strerror or str(e), e.errno) from e
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
-        sock.bind((0, groups))
-    except OSError as e:
-        sock.close()
-        raise KernelError("bind", "rtnetlink socket", netns or "this namespace", e.strerror or str(e), e.errno) from e
-    return sock
+    return open_netlink(NETLINK_ROUTE, "rtnetlink socket", netns, run_root, groups=groups, nonblocking=nonblocking)
 
 
 class RtnlReader:

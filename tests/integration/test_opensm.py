@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,15 +27,11 @@ from shaperd.inventory import Inventory, RdmaPort
 from shaperd.kernel import ib_smp
 from shaperd.tenancy import tenancy
 
-from ..ibsim import Fabric, missing_tools, run_group, wait_for
+from ..ibsim import IBSIM_MARKS, Fabric, missing_tools, run_group, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: scripts/setup installs ibsim-utils, opensm and "
-                                                 "infiniband-diags as root, and these tests run OpenSM on ibsim"),
-]
+pytestmark = IBSIM_MARKS
 
 FOUR = """
 node: {capacity: 100Gbps, reserve: 1Gbps}

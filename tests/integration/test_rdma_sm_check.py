@@ -19,7 +19,6 @@ not its port files (no lid, no link_layer), so the real /sys cannot be used.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -39,14 +38,10 @@ from shaperd.report.rdma_sampler import RdmaSampler
 from shaperd.roots import Roots
 from shaperd.tenancy import tenancy
 
-from ..ibsim import Fabric, missing_tools, run_group, wait_for
+from ..ibsim import IBSIM_MARKS, Fabric, missing_tools, run_group, wait_for
 from ..rdma_fixture import Node
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: scripts/setup installs ibsim-utils, opensm and "
-                                                 "infiniband-diags as root, and these tests run OpenSM on ibsim"),
-]
+pytestmark = IBSIM_MARKS
 
 PROGRAMMED = """
 node: {capacity: 100Gbps, reserve: 1Gbps}

@@ -9,7 +9,6 @@ here, so every counter is compared as it stands, not as it moves.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 

@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shaperd import config
-from shaperd.backends.base import PlanInput
 from shaperd.backends.devlink import objects as o
 from shaperd.backends.devlink.backend import DevlinkBackend
 from shaperd.backends.devlink.diff import diff
