@@ -196,6 +196,21 @@ class ObservedFilter(NamedTuple):
 Filter = U32Filter | BpfFilter
 
 
+class DstScope(NamedTuple):
+    """A tenant's traffic towards one destination prefix, sent to its own class.
+
+    The contract between the planner and every classifier (u32 fallback, the
+    eBPF map classifier, later EDT): a packet first classified to
+    ``tenant_classid`` whose destination lies in ``prefix`` goes to ``classid``
+    instead (longest destination prefix wins). Empty until the tenants file
+    gives a tenant a destination scope.
+    """
+
+    tenant_classid: int
+    prefix: ipaddress.IPv4Network | ipaddress.IPv6Network
+    classid: int
+
+
 @dataclass(frozen=True)
 class DevicePlan:
     """Everything shaperd wants on one device."""
@@ -209,6 +224,8 @@ class DevicePlan:
     filters: tuple[Filter, ...]
     # tenant name -> classid, for reporting.
     tenant_classes: dict[str, int] = field(default_factory=dict, compare=False)
+    # Destination scopes (see DstScope); classifiers realise them.
+    dst_scopes: tuple[DstScope, ...] = ()
 
 
 @dataclass(frozen=True)
