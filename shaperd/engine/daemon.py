@@ -37,6 +37,9 @@ EVENT_DEBOUNCE_S = 0.2
 RETRY_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 # Pod events: a short coalescing window keeps "classified within 1 s of the API event".
 POD_DEBOUNCE_S = 0.05
+# systemd's watchdog (report/sdnotify.py) is fed only while fewer reconciles than this failed in a
+# row: with RETRY_BACKOFF_S that is about 4 minutes of failing before systemd restarts the agent.
+WATCHDOG_MAX_FAILURES = 10
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,9 @@ class Daemon:
         self.pod_resources = pod_resources
         self._wake_fd: int | None = None
         self.events = None  # kernel.events.KernelEvents while running
+        from ..report.sdnotify import Notifier
+
+        self.notify = Notifier()  # sd_notify to systemd; a no-op outside a Type=notify unit
 
     # -- signals -------------------------------------------------------
     def _on_term(self, signum, _frame) -> None:
@@ -162,8 +168,10 @@ class Daemon:
                     due = soon if due is None else min(due, soon)
                 if self.reload_requested:
                     self.reload_requested = False
+                    self.notify.reloading()
                     if self.load("SIGHUP"):
                         due = now
+                    self.notify.reloaded(self._status())
                 if now >= next_poll:
                     next_poll = now + FILE_POLL_S
                     if stamp(self.path) != self.stamp and self.load("file changed"):
@@ -176,7 +184,9 @@ class Daemon:
                     due = self.reconcile(rec)
                     self._drain()  # the echo of our own writes is not news
                     next_resync = time.monotonic() + self.resync_s
+                self.notify.loop_pass(healthy=self.failures < WATCHDOG_MAX_FAILURES, status=self._status())
         finally:
+            self.notify.stopping()
             if self.pods is not None:
                 self.pods.stop()
             if self.pod_resources is not None:
@@ -193,8 +203,16 @@ class Daemon:
             self.events.close()
             os.close(rpipe)
             os.close(wpipe)
+            self.notify.close()
         self.log.info("stopped; enforcement left in place", reconciles=self.reconciles)
         return 0
+
+    def _status(self) -> str:
+        """One line for systemd's STATUS= (systemctl status)."""
+        if self.config is None:
+            return "no valid tenants file yet; nothing enforced"
+        state = "failing" if self.failures else "in sync"
+        return f"{len(self.config.tenants)} tenants, {self.reconciles} reconciles, {state}"
 
     def _drain(self):
         """Pending kernel events; a failed event socket is reopened (and counts as "everything changed")."""
