@@ -24,9 +24,16 @@ def probe_capabilities() -> Capabilities:
     try:
         netns.create(name)
     except OSError as e:
-        # Not root, or no netns support: assume the common kernel set, say so.
-        return Capabilities(htb=True, u32=True, bpf=False, leaf_kinds=frozenset({"bfifo"}),
-                            notes=(f"capability probe skipped ({e.strerror or e}); assuming htb, u32, bfifo",))
+        # No CAP_SYS_ADMIN (the DaemonSet and the systemd unit drop it), or no netns support:
+        # assume the common kernel set, say so. Loading a do-nothing SCHED_CLS program touches
+        # no device, so cls_bpf is still tested here rather than assumed missing.
+        from . import bpf
+
+        bpf_ok, why = bpf.bpf_supported()
+        notes = [f"capability probe skipped ({e.strerror or e}); assuming htb, u32, bfifo"]
+        if not bpf_ok:
+            notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
+        return Capabilities(htb=True, u32=True, bpf=bpf_ok, leaf_kinds=frozenset({"bfifo"}), notes=tuple(notes))
     try:
         with netns_mod.entered(name):
             ipr = IPRoute()  # a socket keeps the namespace it was made in
