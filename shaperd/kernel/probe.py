@@ -18,7 +18,16 @@ from . import netns as netns_mod
 from . import tc as _tc  # noqa: F401 - registers the bfifo codec with pyroute2
 
 
-def probe_capabilities() -> Capabilities:
+def default_qdisc(procfs_root: str = "/proc") -> str | None:
+    """net.core.default_qdisc: the kernel instantiates it on every new device, so it is built in or loadable."""
+    try:
+        with open(os.path.join(procfs_root, "sys", "net", "core", "default_qdisc")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def probe_capabilities(procfs_root: str = "/proc") -> Capabilities:
     name = f"shaperd-probe-{os.getpid()}"
     notes: list[str] = []
     try:
@@ -30,10 +39,12 @@ def probe_capabilities() -> Capabilities:
         from . import bpf
 
         bpf_ok, why = bpf.bpf_supported()
-        notes = [f"capability probe skipped ({e.strerror or e}); assuming htb, u32, bfifo"]
+        # fq_codel leaves when the node's default qdisc is fq_codel (systemd's default): it exists there.
+        leaf = {"bfifo"} | ({"fq_codel"} if default_qdisc(procfs_root) == "fq_codel" else set())
+        notes = [f"capability probe skipped ({e.strerror or e}); assuming htb, u32, {', '.join(sorted(leaf))}"]
         if not bpf_ok:
             notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
-        return Capabilities(htb=True, u32=True, bpf=bpf_ok, leaf_kinds=frozenset({"bfifo"}), notes=tuple(notes))
+        return Capabilities(htb=True, u32=True, bpf=bpf_ok, leaf_kinds=frozenset(leaf), notes=tuple(notes))
     try:
         with netns_mod.entered(name):
             ipr = IPRoute()  # a socket keeps the namespace it was made in

@@ -1,0 +1,42 @@
+"""kernel/probe without CAP_SYS_ADMIN (the DaemonSet and the unit drop it): no throwaway namespace,
+so the probe falls back, still tests cls_bpf in place and takes fq_codel leaves only where the
+node's default qdisc proves fq_codel exists. No kernel is touched: the namespace call is refused."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from shaperd.kernel import bpf, probe
+
+
+@pytest.fixture
+def no_netns(monkeypatch):
+    def refuse(name):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(probe.netns, "create", refuse)
+
+
+def procfs(tmp_path, qdisc: str | None):
+    d = tmp_path / "sys" / "net" / "core"
+    d.mkdir(parents=True)
+    if qdisc is not None:
+        (d / "default_qdisc").write_text(qdisc + "\n")
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("qdisc,leaves", [("fq_codel", {"bfifo", "fq_codel"}), ("pfifo_fast", {"bfifo"}),
+                                          ("fq", {"bfifo"}), (None, {"bfifo"})])
+def test_fallback_leaves_follow_the_default_qdisc(no_netns, monkeypatch, tmp_path, qdisc, leaves):
+    monkeypatch.setattr(bpf, "bpf_supported", lambda: (True, "ok"))
+    caps = probe.probe_capabilities(procfs(tmp_path, qdisc))
+    assert caps.htb and caps.u32 and caps.bpf and caps.leaf_kinds == frozenset(leaves)
+    assert "capability probe skipped (Operation not permitted)" in caps.notes[0]
+
+
+def test_fallback_reports_cls_bpf_missing_when_the_load_is_refused(no_netns, monkeypatch, tmp_path):
+    monkeypatch.setattr(bpf, "bpf_supported", lambda: (False, "load SCHED_CLS program: EPERM"))
+    caps = probe.probe_capabilities(procfs(tmp_path, "fq_codel"))
+    assert not caps.bpf and any("cls_bpf unavailable (load SCHED_CLS program: EPERM)" in n for n in caps.notes)
