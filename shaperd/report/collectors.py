@@ -42,9 +42,9 @@ TENANT_LABELS = ("tenant", "device", "path")  # path: "tc" here; report/rdma_met
 TENANT_FAMILIES = (
     ("counter", "shaperd_tenant_transmit_bytes", "Bytes the tenant's HTB class sent (L2 frame length, as HTB counts)", "bytes"),
     ("counter", "shaperd_tenant_transmit_packets", "Packets the tenant's class sent (GSO segments counted one by one)", "packets"),
-    ("gauge", "shaperd_tenant_transmit_rate_bits_per_second", "Egress rate over the sampler's rate window (2 s)", "rate_bps"),
-    ("gauge", "shaperd_tenant_guarantee_bits_per_second", "Configured guarantee (HTB rate) on this device", "guarantee_bps"),
-    ("gauge", "shaperd_tenant_limit_bits_per_second", "Configured limit (HTB ceil) on this device; capacity if unset", "limit_bps"),
+    ("gauge", "shaperd_tenant_transmit_rate_bytes_per_second", "Egress rate over the sampler's rate window (2 s), bytes per second", "rate_Bps"),
+    ("gauge", "shaperd_tenant_guarantee_bytes_per_second", "Configured guarantee (HTB rate) on this device, bytes per second", "guarantee_Bps"),
+    ("gauge", "shaperd_tenant_limit_bytes_per_second", "Configured limit (HTB ceil) on this device, bytes per second; capacity if unset", "limit_Bps"),
     ("counter", "shaperd_tenant_dropped_packets", "Packets dropped by the tenant's class queue", "drops"),
     ("counter", "shaperd_tenant_overlimits", "Times HTB throttled the class (its overlimits counter)", "overlimits"),
     ("gauge", "shaperd_tenant_backlog_bytes", "Bytes queued in the tenant's class at the last sample", "backlog_bytes"),
