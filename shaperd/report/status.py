@@ -13,11 +13,11 @@ RoCE DCB; configured vs read back), read through the same functions as
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass
 
+from .. import cli_output as output
 from ..config import load_file
 from ..errors import ConfigError
 from ..backends.ids import assign_minors
@@ -120,9 +120,10 @@ def main(args) -> int:
         rs = rows(prev, cur, t1 - t0, labels)
         ports = rdma.view()
         nic = nic_status.collect(nic_cfg, nic_roots, ipr, netns=getattr(args, "netns", None))
-        if args.json:
-            print(json.dumps({"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs],
-                              "rdma": rdma_view.tenant_rows(ports), **nic}))
+        if output.machine(args):  # -o json: one compact line per window (JSON lines under --watch)
+            doc = {"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs],
+                   "rdma": rdma_view.tenant_rows(ports), **nic}
+            print(("---\n" if args.watch and args.output == "yaml" else "") + output.dump(doc, args.output, indent=None))
         else:
             if args.watch and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")
