@@ -183,7 +183,8 @@ def diff_exit(rep) -> int:
 
 def outcomes_result(rep, planned: bool) -> dict:
     """diff's and teardown's -o json|yaml object: per target what would change (``planned``) or what did."""
-    return {"in_sync": rep.changes == 0 and rep.ok, "changes": rep.changes, "duration_s": round(rep.duration_s, 6),
+    head = {"in_sync": rep.changes == 0 and rep.ok} if planned else {}
+    return {**head, "ok": rep.ok, "changes": rep.changes, "duration_s": round(rep.duration_s, 6),
             "warnings": list(rep.plan.warnings), "problems": [str(p) for p in rep.plan.problems],
             "targets": [{"backend": d.backend, "device": d.device, "ops": [op.describe() for op in d.ops],
                          "failed": [str(e) for _, e in d.failed], "blocked": d.blocked, "error": d.error}

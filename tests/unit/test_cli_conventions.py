@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import structlog
 import yaml
 
 from shaperd import cli, cli_meta, cli_output, config
@@ -19,6 +20,14 @@ from shaperd.report import top
 from shaperd.report.sampler import TenantSeries, Target
 
 from .test_vfrate_backend import CFG as VF_CFG, ops as vf_ops, rig  # noqa: F401 - the fixture
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """cli.main configures structlog onto this test's captured stderr; later tests must not log into it."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
 
 EXAMPLE = cli_meta.Path(__file__).resolve().parents[2] / "examples" / "full.yaml"
 DEADLINE_S = 30
