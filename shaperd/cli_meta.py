@@ -1,8 +1,8 @@
 """The CLI's commands about itself: ``--version`` (build details) and ``completion bash|zsh``.
 
-Build details: the version, the git commit (from ``shaperd/_build.json``,
-written at build time by ``scripts/stamp-build``; from a git checkout when
-shaperd runs from one), Python and pyroute2. ``completion`` prints a shell
+Build details (buildinfo.py): the version, the git commit (stamped at build
+time by ``scripts/stamp-build``, or asked from git in a checkout), Python and
+pyroute2. ``completion`` prints a shell
 script generated from the argparse parser by shtab, so it never drifts
 from the options: shtab reads the parser itself (subcommands, choices,
 file arguments), has no dependencies and runs nothing at completion time
@@ -15,45 +15,10 @@ Must not: touch the kernel, the network or the tenants file.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import subprocess
-from importlib import metadata
-from pathlib import Path
 
-from . import __version__
+from .buildinfo import build_info
 
-BUILD_FILE = Path(__file__).with_name("_build.json")
-GIT_DEADLINE_S = 2.0
 SHELLS = ("bash", "zsh")
-
-
-def _git_commit(where: Path) -> str | None:
-    """HEAD of the checkout holding ``where`` (an editable install), or None; never more than GIT_DEADLINE_S."""
-    if not (where.parent / ".git").exists():
-        return None
-    try:
-        r = subprocess.run(["git", "-C", str(where.parent), "rev-parse", "--short=12", "HEAD"],
-                           capture_output=True, text=True, timeout=GIT_DEADLINE_S, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (r.stdout.strip() or None) if r.returncode == 0 else None
-
-
-def build_info(build_file: Path = BUILD_FILE) -> dict[str, str | None]:
-    """{version, commit, built, python, pyroute2}; commit/built None when not known."""
-    stamped: dict = {}
-    try:
-        stamped = json.loads(build_file.read_text())
-    except (OSError, ValueError):
-        pass
-    commit = stamped.get("commit") or _git_commit(Path(__file__).resolve().parent)
-    try:
-        pyroute2 = metadata.version("pyroute2")
-    except metadata.PackageNotFoundError:
-        pyroute2 = None
-    return {"version": __version__, "commit": commit, "built": stamped.get("built"),
-            "python": f"{platform.python_implementation()} {platform.python_version()}", "pyroute2": pyroute2}
 
 
 def version_text(info: dict | None = None) -> str:

@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from .. import __version__
+from .. import __version__, buildinfo
 from .exposition import Families, escape_label_value, label_text, render_family
 from .health import AgentState
 from .sampler import Sampler, Snapshot
@@ -175,8 +175,9 @@ class AgentCollector(Collector):
                     pf.add_metric([tenant], n)
                 yield pf
         yield from self.hist.collect()
-        info = GaugeMetricFamily("shaperd_build_info", "Version of the running agent", labels=["version"])
-        info.add_metric([__version__], 1)
+        info = GaugeMetricFamily("shaperd_build_info", "Version and git commit of the running agent",
+                                 labels=["version", "commit"])
+        info.add_metric([__version__, buildinfo.cached()["commit"] or "unknown"], 1)
         yield info
 
 

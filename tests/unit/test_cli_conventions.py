@@ -8,12 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import structlog
 import yaml
 
-from shaperd import cli, cli_meta, cli_output, config
+from shaperd import buildinfo, cli, cli_meta, cli_output, config
 from shaperd.backends.htb.ops import DeleteRoot
 from shaperd.engine.reconciler import PlanResult, Report, BackendOutcome, TargetOutcome
 from shaperd.report import top
@@ -29,7 +30,7 @@ def _logging_as_it_was():
     structlog.configure(**saved)
 
 
-EXAMPLE = cli_meta.Path(__file__).resolve().parents[2] / "examples" / "full.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "full.yaml"
 DEADLINE_S = 30
 
 # Every read command, as argv before the output option (the tenants file where one is needed).
@@ -151,7 +152,7 @@ def test_teardown_dry_run_through_the_cli_prints_would(monkeypatch, capsys):
 def test_version_has_the_build_details(tmp_path, capsys):
     stamp = tmp_path / "_build.json"
     stamp.write_text(json.dumps({"commit": "0123456789ab", "built": "2026-12-01T12:00:00Z"}))
-    info = cli_meta.build_info(stamp)
+    info = buildinfo.build_info(stamp)
     text = cli_meta.version_text(info)
     assert text.startswith(f"shaperd {info['version']} (commit 0123456789ab, built 2026-12-01T12:00:00Z; ")
     assert f"{sys.version_info.major}.{sys.version_info.minor}" in text and "pyroute2 0.9" in text
@@ -220,3 +221,15 @@ def test_zsh_completion_is_valid_zsh(tmp_path):
     script.write_text(text)
     r = _run(["zsh", "-n", str(script)])
     assert r.returncode == 0, r.stderr
+
+
+def test_the_build_info_metric_carries_the_same_commit():
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from shaperd.report.metrics import Metrics
+
+    m = Metrics(None, CollectorRegistry())
+    fams = {f.name: f for f in text_string_to_metric_families(m.exposition().decode())}
+    (sample,) = fams["shaperd_build_info"].samples
+    assert sample.labels == {"version": buildinfo.cached()["version"], "commit": buildinfo.cached()["commit"] or "unknown"}
