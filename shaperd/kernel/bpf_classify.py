@@ -388,3 +388,17 @@ def apply_ops(ipr, ops: list[Operation]) -> ApplyResult:
         except KernelError as e:
             result.failed.append((op, e))
     return result
+
+
+def probe(ipr, ifindex: int) -> tuple[bool, str]:
+    """Can the map classifier run here? Creates its maps, loads and attaches it on ``ifindex`` (a probe
+    device in a throwaway namespace), then detaches it. (ok, reason)."""
+    want, _ = mapcls.build(0xFFFFFFFF, {}, (), {}, {})
+    try:
+        install(ipr, ifindex, want)
+        detach(ipr, ifindex)
+    except NetlinkError as e:
+        return False, f"attach on clsact egress: {os.strerror(e.code)}"
+    except (bpf.BpfError, OSError) as e:
+        return False, str(e)
+    return True, "ok"

@@ -10,15 +10,19 @@ side only makes the kernel match what this returns.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...config import Config, Tenant, check_guarantee_sum, default_reserve_bps
 from ...errors import ConfigProblem
 from ...inventory import Capabilities, Inventory, Link
 from ...tenancy import Tenancy, tenancy
 from ..ids import assign_minors, bpf_program_name
+from . import mapcls
 from .objects import (
     DEFAULT_CLASS_MINOR,
+    ETH_P_IP,
+    PRIO_U32_V4_BASE,
+    PRIO_U32_V6_BASE,
     PRIO_BPF_CGROUP,
     PRIO_BPF_IFINDEX,
     PRIO_BPF_MARK,
@@ -145,6 +149,8 @@ def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings(), ten
         dp, probs = plan_device(cfg, inv, link, ten.interfaces, settings, ten.pod_tenants, ten.marks)
         problems.extend(probs)
         if dp is not None:
+            if inv.capabilities.bpf_maps:
+                dp = with_map_classifier(dp, cfg.node.mark_mask, warnings)
             plans.append(dp)
         else:
             skipped.append(link.name)
@@ -271,3 +277,47 @@ def plan_device(
         ),
         [],
     )
+
+
+def with_map_classifier(dp: DevicePlan, mark_mask: int, warnings: list[str]) -> DevicePlan:
+    """The eBPF path: the classifying filters (and dst scopes) become map entries; the root keeps the rest.
+
+    Built from the filters the u32/classic path would install, so both paths
+    make exactly the same decisions (one planner, two realisations).
+    """
+    mc, rest, warns = map_classifier_for(list(dp.filters), mark_mask, dp.dst_scopes)
+    for w in warns:
+        if w not in warnings:
+            warnings.append(w)
+    return replace(dp, filters=tuple(rest), map_classifier=mc)
+
+
+def _is_source_prefix(f: U32Filter) -> bool:
+    if f.mark is not None or not f.prefix:
+        return False
+    if f.protocol == ETH_P_IP:
+        return PRIO_U32_V4_BASE <= f.prio <= PRIO_U32_V4_BASE + 32 and all(k.offset == 12 for k in f.keys)
+    return PRIO_U32_V6_BASE <= f.prio <= PRIO_U32_V6_BASE + 128 and all(8 <= k.offset < 24 for k in f.keys)
+
+
+def map_classifier_for(filters: list[Filter], mark_mask: int, dst_scopes=()) -> tuple[
+        mapcls.MapClassifier, list[Filter], list[str]]:
+    """The classifying filters as eBPF map entries: (classifier, filters that stay, warnings)."""
+    ifindex: dict[int, int] = {}
+    cgroups: list[tuple[int, int, int]] = []
+    marks: dict[int, int] = {}
+    prefixes: dict = {}
+    rest: list[Filter] = []
+    for f in filters:
+        if isinstance(f, BpfFilter) and f.kind == "ifindex":
+            ifindex.update(dict(f.mapping))
+        elif isinstance(f, BpfFilter) and f.kind == "cgroup":
+            cgroups.extend(f.mapping)
+        elif isinstance(f, BpfFilter) and f.kind == "mark":
+            marks.update({value: cls for value, _mask, cls in f.mapping})
+        elif isinstance(f, U32Filter) and _is_source_prefix(f):
+            prefixes.setdefault(ipaddress.ip_network(f.prefix), f.classid)
+        else:
+            rest.append(f)
+    mc, warnings = mapcls.build(mark_mask, ifindex, tuple(cgroups), marks, prefixes, tuple(dst_scopes))
+    return mc, rest, warnings
