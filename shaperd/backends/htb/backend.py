@@ -126,4 +126,11 @@ class HtbBackend:
                     tenant = owner.get(entry[-1])
                     if tenant is not None:
                         out.endpoints[tenant]["interface" if kind == "ifindex" else "cgroup"] += 1
+            mc = dp.map_classifier
+            if mc is not None:  # the eBPF path carries the same mapping as map entries
+                for role, kind in (("ifindex", "interface"), ("cgroup", "cgroup")):
+                    for val in mc.entries.get(role, {}).values():
+                        tenant = owner.get(int.from_bytes(val, "little"))
+                        if tenant is not None:
+                            out.endpoints[tenant][kind] += 1
         return out
