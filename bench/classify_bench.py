@@ -4,6 +4,8 @@
     sudo .venv/bin/python bench/classify_bench.py pps [--repeats 3] [--duration 5]
     sudo .venv/bin/python bench/classify_bench.py apply [--prefixes 50000] [--runs 3]
     sudo .venv/bin/python bench/classify_bench.py add-one [--prefixes 50000] [--runs 5]
+    sudo .venv/bin/python bench/classify_bench.py daemon [--prefixes 50000] [--runs 2]
+    sudo .venv/bin/python bench/classify_bench.py testrun [--prefixes 0,500,5000,50000]
 
 pps: 64-byte UDP payloads sent by one Python sender in a node namespace from
 198.18.0.1 (an address of no tenant, so every classifier is consulted)
@@ -22,6 +24,12 @@ add-one: on a device carrying N prefixes, one more /32 is added to a
 tenant's config; times config-apply -> first packet from that address
 counted in the tenant's HTB class, and counts the kernel writes the apply
 sent (bpf() write commands and netlink requests, by wrapping both).
+
+testrun: the program's own cost per packet as the kernel measures it
+(BPF_PROG_TEST_RUN with repeat), independent of the sender and of HTB.
+
+daemon: `shaperd run` on that config: start -> first "reconciled" line, the
+next resyncs' durations and changes, and the daemon's VmRSS / VmHWM.
 
 Every child runs in its own process group with a deadline; namespaces are
 removed on exit. Prints JSON lines and a markdown summary; records
@@ -346,6 +354,105 @@ def cmd_add_one(args) -> list[dict]:
     return results
 
 
+def cmd_daemon(args) -> list[dict]:
+    """`shaperd run` with 64 x N prefixes: time to the first reconciled line, then VmRSS/VmHWM of the daemon."""
+    import yaml
+
+    doc = config_dict(64, args.prefixes)
+    work = tempfile.mkdtemp(prefix="shaperd-clsbench-")
+    cfg_file = os.path.join(work, "tenants.yaml")
+    with open(cfg_file, "w") as f:
+        yaml.safe_dump(doc, f)
+    results = []
+    for i in range(args.runs):
+        bed = Bed(str(os.getpid() % 10000))
+        try:
+            la = loadavg()
+            t = time.perf_counter()
+            p = bed.nets.spawn([sys.executable, "-m", "shaperd", "--log-json", "run", "--config", cfg_file,
+                                "--resync-interval", "5", "--metrics-address", "127.0.0.1:0"], bed.node,
+                               deadline_s=300, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            first = None
+            resyncs = []
+            for line in p.stdout:
+                if '"reconciled"' not in line:
+                    continue
+                rec = json.loads(line)
+                if first is None:
+                    first = time.perf_counter() - t
+                    first_rec = rec
+                else:
+                    resyncs.append(rec)
+                    if len(resyncs) >= 2:
+                        break
+            status = {}
+            with open(f"/proc/{p.pid}/status") as f:
+                for ln in f:
+                    k, _, v = ln.partition(":")
+                    if k in ("VmRSS", "VmHWM"):
+                        status[k] = int(v.split()[0])
+            row = {"bench": "daemon", "prefixes": args.prefixes, "run": i, "start_to_first_reconciled_s":
+                   round(first, 3), "first_changes": first_rec.get("changes"),
+                   "first_duration_ms": first_rec.get("duration_ms"),
+                   "resync_duration_ms": [r.get("duration_ms") for r in resyncs],
+                   "resync_changes": [r.get("changes") for r in resyncs],
+                   "vmrss_kib": status.get("VmRSS"), "vmhwm_kib": status.get("VmHWM"), "loadavg": la}
+            print(json.dumps(row), flush=True)
+            results.append(row)
+        finally:
+            bed.cleanup()
+    return results
+
+
+def cmd_testrun(args) -> list[dict]:
+    """The classifier program's own cost per packet, measured by the kernel (BPF_PROG_TEST_RUN, repeat=N),
+    for 64 tenants x N prefixes: a packet of no tenant (every stage misses) and one matching a /32."""
+    import socket
+    import struct
+
+    from shaperd.backends.htb import mapcls
+    from shaperd.backends.ids import assign_minors
+    from shaperd.kernel import bpf_classify, bpf_maps
+
+    def frame(src: str) -> bytes:
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28, 0, 0, 64, 17, 0, socket.inet_aton(src),
+                         socket.inet_aton("198.18.0.2"))
+        return b"\x02" * 6 + b"\x04" * 6 + b"\x08\x00" + ip + bytes(26)
+
+    results = []
+    for n in [int(x) for x in args.prefixes.split(",")]:
+        pfx = make_prefixes(n) if n else []
+        minors = assign_minors([f"tenant-{i:02d}" for i in range(64)])
+        prefixes = {ipaddress.ip_network(p): 0x73680000 | minors[f"tenant-{i % 64:02d}"] for i, p in enumerate(pfx)}
+        want, _ = mapcls.build(0xFF, {}, (), {}, prefixes)
+        with bpf_classify.ClassifierMaps.create() as maps:
+            for role, entries in want.entries.items():
+                maps.write(role, list(entries.items()), [])
+            fd = bpf_classify.load(maps, 0xFF, want.name)
+            try:
+                hit = next((p.split("/")[0] for p in pfx if p.endswith("/32")), "198.18.0.1")
+                # near miss: inside 198.19.0.0/16 where the /32s are, but not one of them (a deep trie walk)
+                for label, src in (("no tenant", "198.18.0.1"), ("no tenant, near miss", "198.19.255.1"),
+                                   ("matches a /32", hit)):
+                    ns = []
+                    for _ in range(args.repeats):
+                        la = loadavg()
+                        r = bpf_maps.test_run(fd, frame(src), bpf_maps.SkBuff(), repeat=args.count)
+                        ns.append(r.duration_ns)
+                    row = {"bench": "testrun", "prefixes": n, "packet": label, "ns_per_packet": ns,
+                           "median_ns": statistics.median(ns), "loadavg": la}
+                    print(json.dumps(row), flush=True)
+                    results.append(row)
+            finally:
+                os.close(fd)
+    print("\n| prefixes | packet | ns per packet, median (min..max) of runs |")
+    print("|---|---|---|")
+    for r in results:
+        print(f"| {r['prefixes']:,} | {r['packet']} | {r['median_ns']:.0f} ({min(r['ns_per_packet'])}.."
+              f"{max(r['ns_per_packet'])}) |")
+    return results
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -362,11 +469,18 @@ def main(argv=None) -> int:
     p.add_argument("--prefixes", type=int, default=50000)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--path", default="ebpf", choices=["ebpf", "u32"])
+    p = sub.add_parser("testrun")
+    p.add_argument("--prefixes", default="0,500,5000,50000")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--count", type=int, default=200000)
+    p = sub.add_parser("daemon")
+    p.add_argument("--prefixes", type=int, default=50000)
+    p.add_argument("--runs", type=int, default=2)
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("classify_bench: needs root", file=sys.stderr)
         return 2
-    {"pps": cmd_pps, "apply": cmd_apply, "add-one": cmd_add_one}[args.cmd](args)
+    {"pps": cmd_pps, "apply": cmd_apply, "add-one": cmd_add_one, "daemon": cmd_daemon, "testrun": cmd_testrun}[args.cmd](args)
     return 0
 
 
