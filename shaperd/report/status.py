@@ -122,8 +122,9 @@ def main(args) -> int:
         nic = nic_status.collect(nic_cfg, nic_roots, ipr, netns=getattr(args, "netns", None))
         paths = classifier_status.collect(ipr)
         if args.json:
+            extra = {"classifier": paths} if paths else {}  # only where a device carries shaperd's HTB
             print(json.dumps({"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs],
-                              "rdma": rdma_view.tenant_rows(ports), "classifier": paths, **nic}))
+                              "rdma": rdma_view.tenant_rows(ports), **nic, **extra}))
         else:
             if args.watch and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")
