@@ -26,6 +26,8 @@ class Capabilities:
     htb: bool = True
     u32: bool = True
     bpf: bool = False
+    # eBPF maps (LPM trie) and direct-action cls_bpf on clsact: the map classifier can run.
+    bpf_maps: bool = False
     # Leaf qdisc kinds available, in order of preference among those we use.
     leaf_kinds: frozenset[str] = frozenset({"bfifo"})
     notes: tuple[str, ...] = ()

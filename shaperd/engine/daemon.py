@@ -291,6 +291,9 @@ class Daemon:
         from ..report import dcb_metrics
 
         dcb_metrics.install(self.metrics, rec.backends)
+        from ..report import classifier_metrics
+
+        classifier_metrics.install(self.metrics, rec.backends)
         try:
             server = MetricsServer(self.metrics_address, self.metrics)
         except (OSError, ValueError) as e:

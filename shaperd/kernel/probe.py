@@ -45,14 +45,22 @@ def probe_capabilities() -> Capabilities:
                     leaf.add(kind)
             u32 = _try(lambda: ipr.tc("add-filter", "u32", idx, parent=0x10000, prio=1, protocol=0x0800,
                                       target=0x10002, keys=["0xc6120000/0xffff0000+12"]))
-        from . import bpf
+            from . import bpf, bpf_classify
 
-        bpf_ok, why = bpf.bpf_supported()
+            bpf_ok, why = bpf.bpf_supported()
+            maps_ok, maps_why = bpf_classify.probe(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
         if not bpf_ok:
             notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
+        forced = os.environ.get("SHAPERD_CLASSIFIER", "")
+        if forced == "u32" and maps_ok:
+            maps_ok = False
+            notes.append("classifier: u32 path (SHAPERD_CLASSIFIER=u32)")
+        elif not maps_ok:
+            notes.append(f"eBPF map classifier unavailable ({maps_why}): classifying with u32 filters")
         if "fq_codel" not in leaf:
             notes.append("fq_codel missing: leaf queues are bfifo sized in time at the class ceiling")
-        return Capabilities(htb=True, u32=u32, bpf=bpf_ok, leaf_kinds=frozenset(leaf), notes=tuple(notes))
+        return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, leaf_kinds=frozenset(leaf),
+                            notes=tuple(notes))
     finally:
         try:
             netns.remove(name)

@@ -102,7 +102,7 @@ def main(args) -> int:
     from ..kernel.rtnl import RtnlReader
 
     from ..roots import Roots
-    from . import nic_status, rdma_view
+    from . import classifier_status, nic_status, rdma_view
 
     ipr = RtnlReader(getattr(args, "netns", None))
     labels = class_labels(args.config)
@@ -120,9 +120,11 @@ def main(args) -> int:
         rs = rows(prev, cur, t1 - t0, labels)
         ports = rdma.view()
         nic = nic_status.collect(nic_cfg, nic_roots, ipr, netns=getattr(args, "netns", None))
+        paths = classifier_status.collect(ipr)
         if output.machine(args):  # -o json: one compact line per window (JSON lines under --watch)
+            extra = {"classifier": paths} if paths else {}  # only where a device carries shaperd's HTB
             doc = {"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs],
-                   "rdma": rdma_view.tenant_rows(ports), **nic}
+                   "rdma": rdma_view.tenant_rows(ports), **nic, **extra}
             print(("---\n" if args.watch and args.output == "yaml" else "") + output.dump(doc, args.output, indent=None))
         else:
             if args.watch and sys.stdout.isatty():
@@ -132,6 +134,8 @@ def main(args) -> int:
                 print("\nRDMA ports (measured at the HCA; not shaped by tc):\n" + rdma_view.render_table(ports))
             if nic:
                 print("\n" + nic_status.render(nic))
+            if paths:
+                print("\n" + classifier_status.render(paths))
         sys.stdout.flush()
         if not args.watch:
             return 0

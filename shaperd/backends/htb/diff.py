@@ -19,6 +19,7 @@ Ownership, in one place:
 from __future__ import annotations
 
 from ..base import Operation, TargetDiff
+from . import mapcls
 from .objects import (
     DEFAULT_ROOT_KINDS,
     ETH_P_ALL,
@@ -83,6 +84,7 @@ def diff_device(desired: DevicePlan, observed: DeviceState, take_over: bool = Fa
         ops.extend(SetLeaf(device=dev, ifindex=idx, leaf=q, reason="missing", tenant=tenant_of.get(q.parent))
                    for q in desired.leaves)
         ops.extend(_add_filter(dev, idx, f, "missing", tenant_of) for f in desired.filters)
+        ops.extend(mapcls.diff(dev, idx, desired.map_classifier, observed.map_classifier))
         return out
 
     assert observed.root is not None
@@ -138,6 +140,9 @@ def diff_device(desired: DevicePlan, observed: DeviceState, take_over: bool = Fa
     for key, f in want.items():
         if key not in kept:
             ops.append(_add_filter(dev, idx, f, "missing", tenant_of))
+
+    # 7. the eBPF map classifier on clsact egress: entry writes only, none when in sync.
+    ops.extend(mapcls.diff(dev, idx, desired.map_classifier, observed.map_classifier))
     return out
 
 
@@ -146,6 +151,7 @@ def diff_teardown(observed: DeviceState, reason: str = "teardown") -> TargetDiff
     out = TargetDiff(observed.device)
     if observed.owned:
         out.ops.append(DeleteRoot(device=observed.device, ifindex=observed.ifindex, reason=reason))
+    out.ops.extend(mapcls.diff(observed.device, observed.ifindex, None, observed.map_classifier))
     return out
 
 

@@ -226,6 +226,12 @@ class DevicePlan:
     tenant_classes: dict[str, int] = field(default_factory=dict, compare=False)
     # Destination scopes (see DstScope); classifiers realise them.
     dst_scopes: tuple[DstScope, ...] = ()
+    # The eBPF map classifier on clsact egress (backends/htb/mapcls.py), or None on the u32 path.
+    map_classifier: object = field(default=None, compare=False)
+
+    @property
+    def classifier_path(self) -> str:
+        return "ebpf" if self.map_classifier is not None else "u32"
 
 
 @dataclass(frozen=True)
@@ -247,6 +253,8 @@ class DeviceState:
     classes: dict[int, ObservedClass] = field(default_factory=dict)
     leaves: dict[int, LeafQdisc] = field(default_factory=dict)  # by parent classid
     filters: list[ObservedFilter] = field(default_factory=list)
+    # shaperd's map classifier found on clsact egress (mapcls.ObservedMapClassifier), if any.
+    map_classifier: object = None
 
     @property
     def owned(self) -> bool:
