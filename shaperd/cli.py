@@ -50,6 +50,13 @@ def cmd_check_config(args) -> int:
                      format_rate(t.limit_bps) if t.limit_bps else "capacity",
                      str(t.priority), str(prios[t.name]), " ".join(match)))
     _table(rows)
+    scopes = [(t.name, format_rate(d.limit_bps), ",".join(map(str, d.cidrs)), d.origin)
+              for t in cfg.tenants for d in t.destinations]
+    if scopes:  # destination scopes (issue 12): that traffic's own cap; the rest keeps the tenant's limit
+        print()
+        _table([("TENANT", "LIMIT", "TOWARDS", "FROM")] + scopes)
+    for line in cfg.ignored:
+        print(f"ignored: {line}")
     n = cfg.node
     print(
         f"\nnode: interfaces={','.join(n.interfaces) or '(default route)'} "
