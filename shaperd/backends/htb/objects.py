@@ -37,9 +37,12 @@ PRIO_U32_V4_BASE = 1000  # + (32 - prefix length)
 PRIO_U32_V6_BASE = 2000  # + (128 - prefix length)
 # Under a tenant class with destination scopes (its own filter chain, which
 # HTB runs for every packet classified to that inner class): destination
-# prefixes use the bases above, then this catch-all sends the rest to the
-# tenant's "rest" leaf.
-PRIO_SCOPE_REST = 3000
+# prefixes, longest first, then a catch-all to the tenant's "rest" leaf. Kept
+# apart from the root's prios: u32's dump of one chain lists every hash table
+# of the same prio in the qdisc (see observe.py).
+PRIO_SCOPE_V4_BASE = 3000  # + (32 - prefix length)
+PRIO_SCOPE_V6_BASE = 3200  # + (128 - prefix length)
+PRIO_SCOPE_REST = 3400
 
 # Root qdiscs the kernel or the distribution installs by default: shaperd may
 # replace these. Anything else belongs to someone and is left alone.
@@ -270,6 +273,13 @@ def prefix_prio(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> int:
 def dst_prefix_keys(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[U32Key, ...]:
     """u32 keys matching the destination address against ``net`` (IPv4 at offset 16, IPv6 at 24)."""
     return src_prefix_keys(net, dst=True)
+
+
+def scope_prio(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> int:
+    """Longest destination prefix first, in an inner class's chain."""
+    if net.version == 4:
+        return PRIO_SCOPE_V4_BASE + (32 - net.prefixlen)
+    return PRIO_SCOPE_V6_BASE + (128 - net.prefixlen)
 
 
 def src_prefix_keys(net: ipaddress.IPv4Network | ipaddress.IPv6Network, dst: bool = False) -> tuple[U32Key, ...]:

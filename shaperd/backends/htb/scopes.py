@@ -35,10 +35,9 @@ from .objects import (
     DstScope,
     HtbClass,
     U32Filter,
-    U32Key,
     classid,
     dst_prefix_keys,
-    prefix_prio,
+    scope_prio,
 )
 
 # HTB refuses a zero rate; a scope with no share of the guarantee still gets 1 kB/s.
@@ -80,12 +79,12 @@ def scoped_tenant(
         classes.append(make_class(cid, tenant_cls.classid, rate, scope_ceil, tenant_cls.prio, t.name))
         for net in d.cidrs:
             scopes.append(DstScope(tenant_cls.classid, net, cid))
-            filters.append(U32Filter(prio=prefix_prio(net), protocol=ETH_P_IP if net.version == 4 else ETH_P_IPV6,
+            filters.append(U32Filter(prio=scope_prio(net), protocol=ETH_P_IP if net.version == 4 else ETH_P_IPV6,
                                      classid=cid, keys=dst_prefix_keys(net), prefix=f"dst {net}",
                                      parent=tenant_cls.classid))
     rest = classid(minors[names[0]])
     classes.insert(0, make_class(rest, tenant_cls.classid, max(MIN_SCOPE_RATE_BPS, g - used), ceil,
                                  tenant_cls.prio, t.name))
-    filters.append(U32Filter(prio=PRIO_SCOPE_REST, protocol=ETH_P_ALL, classid=rest, keys=(U32Key(0, 0, 0),),
+    filters.append(U32Filter(prio=PRIO_SCOPE_REST, protocol=ETH_P_ALL, classid=rest, keys=(),  # no key: every packet
                              prefix="rest", parent=tenant_cls.classid))
     return classes, filters, scopes
