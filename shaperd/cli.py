@@ -75,6 +75,15 @@ def _table(rows) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
+def _config_map_arg(text: str) -> str:
+    from .discovery.kubernetes.configmap import parse_ref
+
+    try:
+        return "/".join(parse_ref(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _max_vls_arg(text: str):
     from .cli_rdma_opensm import max_vls_arg
 
@@ -202,10 +211,16 @@ def cmd_run(args) -> int:
 
         pod_resources = PodResourcesSource(_roots(args))
 
+    config_source = None
+    if args.config_map:  # the tenants ConfigMap through the API, e.g. kubeflow/training-network-isolation
+        from .discovery.kubernetes.configmap import ConfigMapSource
+
+        config_source = ConfigMapSource(args.config_map, kubeconfig=args.kubeconfig)
     d = Daemon(args.config, lambda pods: _reconciler(args, pods_source=pods, pod_resources=pod_resources),
                resync_interval_s=args.resync_interval, metrics_address=args.metrics_address,
                netns=getattr(args, "netns", None), pod_watcher_factory=factory, pod_resources=pod_resources,
-               sm_check_settings=SmCheckSettings(interval_s=args.sm_check_interval, max_vls=dict(args.max_vls)))
+               sm_check_settings=SmCheckSettings(interval_s=args.sm_check_interval, max_vls=dict(args.max_vls)),
+               config_source=config_source)
     return d.run()
 
 
@@ -286,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig for the API (default: in-cluster service account, else $KUBECONFIG, ~/.kube/config)")
     p.add_argument("--no-kubernetes", action="store_true", help="do not watch pods even if NODE_NAME is set")
+    p.add_argument("--config-map", default=None, metavar="NAMESPACE/NAME", type=_config_map_arg,
+                   help="read and watch the tenants file from this ConfigMap through the API instead of --config")
     p.add_argument("--no-pod-resources", action="store_true",
                    help="do not ask the kubelet's pod-resources API (<kubelet root>/pod-resources/kubelet.sock) "
                         "which RDMA devices pods hold; use the tenants file's rdma.devices only")

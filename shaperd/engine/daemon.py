@@ -58,8 +58,11 @@ def stamp(path: str) -> FileStamp | None:
 class Daemon:
     def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0,
                  metrics_address: str | None = None, netns: str | None = None, pod_watcher_factory=None,
-                 pod_resources=None, sm_check_settings=None):
+                 pod_resources=None, sm_check_settings=None, config_source=None):
         self.path = config_path
+        # discovery.kubernetes.configmap.ConfigMapSource (--config-map): the tenants file through the API.
+        self.config_source = config_source
+        self.config_changed = False
         self.make_reconciler = make_reconciler
         self.resync_s = resync_interval_s
         self.log = log.get("shaperd.daemon")
@@ -99,11 +102,13 @@ class Daemon:
     # -- config --------------------------------------------------------
     def load(self, why: str) -> bool:
         """Try the file; keep the last good config on failure. True if the config changed."""
-        self.stamp = stamp(self.path)
+        src = self.config_source
+        if src is None:
+            self.stamp = stamp(self.path)
         try:
-            cfg = load_file(self.path)
+            cfg = src.load() if src is not None else load_file(self.path)
         except ConfigError as e:
-            self.log.error("config rejected", file=self.path, reason=why, problems=[str(p) for p in e.problems],
+            self.log.error("config rejected", file=src.describe if src else self.path, reason=why, problems=[str(p) for p in e.problems],
                            keeping="last good config" if self.config else "nothing enforced yet")
             if self.metrics:
                 self.metrics.config_loaded(False)
@@ -114,7 +119,7 @@ class Daemon:
             self.config_gen += 1
         if self.metrics:
             self.metrics.config_loaded(True, cfg)
-        self.log.info("config loaded", file=self.path, reason=why, tenants=len(cfg.tenants), changed=changed)
+        self.log.info("config loaded", file=src.describe if src else self.path, reason=why, tenants=len(cfg.tenants), changed=changed)
         return True
 
     # -- main loop -----------------------------------------------------
@@ -133,11 +138,14 @@ class Daemon:
             self.pods = self.pod_watcher_factory(self._on_pods_changed)
             self.pods.start()
             self.log.info("watching pods", node=self.pods.node_name if hasattr(self.pods, "node_name") else None)
+        if self.config_source is not None:
+            self.config_source.start(self._on_config_changed)
         rec = self.make_reconciler(self._pods_snapshot if self.pods is not None else None)
         server = self._start_observability(rec)
         self.log.info("started", config=self.path, resync_interval_s=self.resync_s,
                       capabilities=list(rec.capabilities.notes))
-        self.load("start")
+        if self.config_source is None:
+            self.load("start")  # a ConfigMap loads when its first list arrives (config_changed)
         due = time.monotonic()  # reconcile now
         next_resync = due + self.resync_s
         next_poll = time.monotonic() + FILE_POLL_S
@@ -164,9 +172,13 @@ class Daemon:
                     self.reload_requested = False
                     if self.load("SIGHUP"):
                         due = now
+                if self.config_changed:
+                    self.config_changed = False
+                    if self.load("configmap changed"):
+                        due = now
                 if now >= next_poll:
                     next_poll = now + FILE_POLL_S
-                    if stamp(self.path) != self.stamp and self.load("file changed"):
+                    if self.config_source is None and stamp(self.path) != self.stamp and self.load("file changed"):
                         due = now
                     if self.pod_resources is not None and self.pod_resources.poll():
                         due = now
@@ -179,6 +191,8 @@ class Daemon:
         finally:
             if self.pods is not None:
                 self.pods.stop()
+            if self.config_source is not None:
+                self.config_source.stop()
             if self.pod_resources is not None:
                 self.pod_resources.close()
             if server is not None:
@@ -219,6 +233,15 @@ class Daemon:
                 os.write(self._wake_fd, b"p")
             except OSError:
                 pass  # pipe full: the loop is awake anyway
+
+    def _on_config_changed(self) -> None:
+        """The ConfigMap watcher's thread: flag and wake the loop, like a pod event."""
+        self.config_changed = True
+        if self._wake_fd is not None:
+            try:
+                os.write(self._wake_fd, b"c")
+            except OSError:
+                pass
 
     def _pods_snapshot(self):
         return list(self.pods.snapshot().values())
