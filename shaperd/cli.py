@@ -204,6 +204,15 @@ def cmd_run(args) -> int:
 
         factory = make_watcher
 
+        def make_volcano(on_change):  # PodGroups and Queues, once a tenant uses match.volcanoQueues
+            from .discovery.kubernetes.volcano import VolcanoView
+
+            return VolcanoView(on_change, kubeconfig=args.kubeconfig)
+
+        volcano_factory = make_volcano
+    else:
+        volcano_factory = None
+
     pod_resources = None
     if factory is not None and not args.no_pod_resources:
         # The kubelet's device assignments (RDMA devices of pods); a missing socket is logged once, not an error.
@@ -220,7 +229,7 @@ def cmd_run(args) -> int:
                resync_interval_s=args.resync_interval, metrics_address=args.metrics_address,
                netns=getattr(args, "netns", None), pod_watcher_factory=factory, pod_resources=pod_resources,
                sm_check_settings=SmCheckSettings(interval_s=args.sm_check_interval, max_vls=dict(args.max_vls)),
-               config_source=config_source)
+               config_source=config_source, volcano_factory=volcano_factory)
     return d.run()
 
 

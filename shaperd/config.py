@@ -43,6 +43,8 @@ class Match:
     pod_labels: Mapping[str, str] | None = None
     namespaces: tuple[str, ...] = ()
     cgroups: tuple[str, ...] = ()
+    # Volcano queues: a pod in one of them (through its PodGroup) is this tenant's.
+    volcano_queues: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class Tenant:
     match: Match = field(default_factory=Match)
     rdma: Rdma = field(default_factory=Rdma)
     destinations: tuple[Destination, ...] = ()
+    # "volcanoQueue": the priority follows the weight of the tenant's Volcano queue (when known).
+    priority_from: str | None = None
 
     def effective_pod_labels(self) -> Mapping[str, str]:
         return self.match.pod_labels if self.match.pod_labels is not None else {DEFAULT_POD_LABEL: self.name}
@@ -205,7 +209,9 @@ def from_dict(doc: Any, source: str = "<memory>", prefix: str = "") -> Config:
 
 _TOP_KEYS = {"tenants", "node"}
 _NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver", "markMask"}
-_TENANT_KEYS = {"name", "bandwidthGuarantee", "bandwidthLimit", "priority", "match", "rdma", "destinations"}
+_TENANT_KEYS = {"name", "bandwidthGuarantee", "bandwidthLimit", "priority", "match", "rdma", "destinations",
+                "priorityFrom"}
+PRIORITY_FROM = ("volcanoQueue",)
 _DEST_KEYS = {"cidrs", "bandwidthLimit"}
 _RDMA_KEYS = {"devices", "serviceLevel", "trafficClass", "nccl"}
 _RDMA_DEV_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.-]{1,63})(:(?P<port>[0-9]{1,3}))?$")
@@ -213,7 +219,7 @@ _PCI_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _NCCL_KEY_RE = re.compile(r"^NCCL_[A-Z0-9_]+$")
 # Managed by shaperd from rdma.devices/serviceLevel/trafficClass: a passthrough value would contradict them.
 _NCCL_DERIVED = {"NCCL_IB_HCA", "NCCL_IB_SL", "NCCL_IB_TC"}
-_MATCH_KEYS = {"cidrs", "interfaces", "podLabels", "namespaces", "cgroups"}
+_MATCH_KEYS = {"cidrs", "interfaces", "podLabels", "namespaces", "cgroups", "volcanoQueues"}
 
 
 class _Validator:
@@ -334,10 +340,15 @@ class _Validator:
         match = self.match(m.get("match"), f"{path}.match")
         rdma = self.rdma(m.get("rdma"), f"{path}.rdma")
         dests = self.destinations(m.get("destinations"), f"{path}.destinations")
+        pfrom = m.get("priorityFrom")
+        if pfrom is not None and pfrom not in PRIORITY_FROM:
+            self.bad(f"{path}.priorityFrom", f"expected one of {', '.join(PRIORITY_FROM)}, got {pfrom!r}")
+        elif pfrom == "volcanoQueue" and not match.volcano_queues:
+            self.bad(f"{path}.priorityFrom", "volcanoQueue needs match.volcanoQueues")
         if len(self.problems) != before or name is None or guarantee is None:
             return None
         return Tenant(name=name, guarantee_bps=guarantee, limit_bps=limit, priority=prio, match=match, rdma=rdma,
-                      destinations=dests)
+                      destinations=dests, priority_from=pfrom)
 
     def destinations(self, obj: Any, path: str) -> tuple[Destination, ...]:
         if obj is None:
@@ -438,6 +449,7 @@ class _Validator:
             pod_labels=dict(labels) if labels is not None else None,
             namespaces=tuple(self.str_list(m.get("namespaces"), f"{path}.namespaces")),
             cgroups=tuple(self.str_list(m.get("cgroups"), f"{path}.cgroups")),
+            volcano_queues=tuple(self.str_list(m.get("volcanoQueues"), f"{path}.volcanoQueues")),
         )
 
     def cross_checks(self, node: Node, tenants: list[tuple[int, Tenant]]) -> None:

@@ -58,11 +58,15 @@ def stamp(path: str) -> FileStamp | None:
 class Daemon:
     def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0,
                  metrics_address: str | None = None, netns: str | None = None, pod_watcher_factory=None,
-                 pod_resources=None, sm_check_settings=None, config_source=None):
+                 pod_resources=None, sm_check_settings=None, config_source=None, volcano_factory=None):
         self.path = config_path
         # discovery.kubernetes.configmap.ConfigMapSource (--config-map): the tenants file through the API.
         self.config_source = config_source
         self.config_changed = False
+        # factory(on_change) -> discovery.kubernetes.volcano.VolcanoView, started once a tenant uses Volcano.
+        self.volcano_factory = volcano_factory
+        self.volcano = None
+        self._effective: Config | None = None  # the config after Volcano queue weights
         self.make_reconciler = make_reconciler
         self.resync_s = resync_interval_s
         self.log = log.get("shaperd.daemon")
@@ -193,6 +197,8 @@ class Daemon:
                 self.pods.stop()
             if self.config_source is not None:
                 self.config_source.stop()
+            if self.volcano is not None:
+                self.volcano.stop()
             if self.pod_resources is not None:
                 self.pod_resources.close()
             if server is not None:
@@ -244,7 +250,8 @@ class Daemon:
                 pass
 
     def _pods_snapshot(self):
-        return list(self.pods.snapshot().values())
+        pods = list(self.pods.snapshot().values())
+        return self.volcano.with_queues(pods) if self.volcano is not None else pods
 
     def reconcile(self, rec) -> float | None:
         """One reconcile; returns when to retry (None = wait for the next trigger)."""
@@ -258,11 +265,26 @@ class Daemon:
                 # leave the kernel as it is (a restarted agent keeps the previous enforcement).
                 self.log.info("waiting for the first pod list before reconciling", error=self.pods.last_error)
                 return time.monotonic() + 1.0
+        cfg = self.config
+        if self.volcano_factory is not None:
+            from ..discovery.kubernetes.volcano import uses_volcano
+
+            if self.volcano is None and uses_volcano(cfg):
+                self.volcano = self.volcano_factory(self._on_pods_changed)  # queue/PodGroup changes wake us like pods
+                self.volcano.start()
+            if self.volcano is not None:
+                if not self.volcano.has_synced:
+                    self.log.info("waiting for the first Volcano PodGroup and Queue lists before reconciling")
+                    return time.monotonic() + 0.2
+                cfg = self.volcano.effective(cfg)
+                if cfg != self._effective:  # a queue weight moved a priority: a new config, not drift
+                    self._effective = cfg
+                    self.config_gen += 1
         self.reconciles += 1
         gen = self.config_gen
         start = time.perf_counter()
         try:
-            rep = rec.apply(self.config)
+            rep = rec.apply(cfg)
         except ShaperdError as e:
             self.failures += 1
             delay = RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
