@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import pytest
 
@@ -17,7 +18,7 @@ from shaperd.backends.htb.objects import ROOT_HANDLE
 from shaperd.backends.htb.scopes import scope_minors
 from shaperd.backends.ids import assign_minors
 
-from .conftest import needs_root, wait_for
+from .conftest import needs_root, run, wait_for
 from .test_core import classes, write
 
 pytestmark = needs_root
@@ -110,3 +111,49 @@ def test_iperf3_capped_towards_the_scope_not_elsewhere(scoped_bed, tmp_path):
     assert scoped < 100e6 * 1.05
     # Not held to the scope's cap: the rest leaf's ceil is 600 Mbit/s (loose bound: 2 shared cores).
     assert elsewhere > 100e6 * 1.5
+
+
+def test_a_tenant_recognised_by_its_interface_is_scoped_too(scoped_bed, tmp_path):
+    """The inner class's chain runs whatever classified the packet: here the cls_bpf ifindex classifier."""
+    bed = scoped_bed
+    bed.exec("sysctl", "-qw", "net.ipv4.ip_forward=1")
+    pod = bed.ns(f"{bed.tag}-pod")
+    run("ip", "-n", bed.node, "link", "add", "vethp1", "type", "veth", "peer", "name", "eth0", "netns", pod)
+    run("ip", "-n", bed.node, "addr", "add", "198.18.60.1/24", "dev", "vethp1")
+    run("ip", "-n", pod, "addr", "add", "198.18.60.2/24", "dev", "eth0")
+    run("ip", "-n", bed.node, "link", "set", "vethp1", "up")
+    run("ip", "-n", pod, "link", "set", "eth0", "up")
+    run("ip", "-n", pod, "route", "add", "default", "via", "198.18.60.1")
+    text = TEXT.replace("match: {cidrs: [198.18.1.0/24]}", 'match: {interfaces: ["vethp*"]}')
+    r = bed.shaperd("apply", "--config", str(write(tmp_path, text)))
+    assert r.returncode == 0, r.stderr + r.stdout
+    if "shpd_" not in bed.exec("tc", "filter", "show", "dev", "up0").stdout:
+        pytest.skip("no cls_bpf on this kernel: interface matches are not enforced")
+    before = classes(bed)
+    bed.send("198.18.60.2", "198.19.0.2", 500, 30, ns=pod)
+    bed.send("198.18.60.2", "198.18.0.2", 500, 40, ns=pod)
+    d = _deltas(before, classes(bed))
+    assert d[SCOPE] == 30 and d[REST] == 40
+
+
+PRIO_SENDER = r"""
+import socket, sys
+prio, dst, count = int(sys.argv[1], 0), sys.argv[2], int(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("198.18.3.1", 0))  # an address of no tenant: only skb->priority names the class
+s.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, prio)
+for _ in range(count):
+    s.sendto(b"x" * 300, (dst, 9))
+"""
+
+
+def test_skb_priority_naming_the_inner_tenant_class_runs_its_chain(scoped_bed, tmp_path):
+    """The eBPF classifier's contract (skb->priority = tenant classid, issue 11) meets the scopes: HTB
+    starts at the inner class's own filter chain when skb->priority names a non-leaf class."""
+    bed = scoped_bed
+    assert bed.shaperd("apply", "--config", str(write(tmp_path, TEXT))).returncode == 0
+    before = classes(bed)
+    bed.exec(sys.executable, "-c", PRIO_SENDER, hex(A), "198.19.0.2", "25")
+    bed.exec(sys.executable, "-c", PRIO_SENDER, hex(A), "198.18.0.2", "15")
+    d = _deltas(before, classes(bed))
+    assert d[SCOPE] == 25 and d[REST] == 15

@@ -103,3 +103,13 @@ def test_a_removed_scope_deletes_its_filters_before_its_classes():
     kinds = [type(o).__name__ for o in ops]
     assert "DeleteClass" in kinds and kinds.index("DeleteClass") > max(
         i for i, k in enumerate(kinds) if k.startswith("DeleteFilter"))
+
+
+def test_status_labels_the_scope_leaves():
+    from shaperd.report.status import class_labels
+
+    cfg, dp = _plan()
+    path = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "kubeflow-source-design.yaml"
+    labels = class_labels(str(path))
+    assert sorted(v for v in labels.values() if "tenant-a" in v) == ["tenant-a", "tenant-a->10.244.0.0/16",
+                                                                      "tenant-a/rest"]
