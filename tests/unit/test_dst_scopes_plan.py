@@ -113,3 +113,20 @@ def test_status_labels_the_scope_leaves():
     labels = class_labels(str(path))
     assert sorted(v for v in labels.values() if "tenant-a" in v) == ["tenant-a", "tenant-a->10.244.0.0/16",
                                                                       "tenant-a/rest"]
+
+
+def test_a_scoped_tenants_counters_include_its_leaves_queues():
+    from shaperd.backends.htb.observe import with_leaf_queues
+    from shaperd.kernel.rtnl_rows import HtbClassRow
+
+    def row(cid, parent, drops, backlog):
+        return HtbClassRow(2, ROOT_HANDLE | cid, parent, 0, 1, 1, 1, 1, 1, 0, bytes=100, drops=drops,
+                           backlog_bytes=backlog, qlen=backlog // 100)
+
+    root = ROOT_HANDLE | 1
+    t = ROOT_HANDLE | 0x10
+    rows = {r.classid: r for r in (row(1, ROOT_HANDLE, 0, 0), row(0x10, root, 0, 0), row(0x11, t, 3, 200),
+                                   row(0x12, t, 4, 300), row(0x20, root, 5, 100))}
+    got = with_leaf_queues(rows)
+    assert (got[t].drops, got[t].backlog_bytes, got[t].qlen) == (7, 500, 5)
+    assert got[root] == rows[root] and got[ROOT_HANDLE | 0x20] == rows[ROOT_HANDLE | 0x20]

@@ -87,7 +87,29 @@ def read_counters(reader) -> dict[tuple[str, int], HtbClassRow]:
     out = {}
     for idx in sorted(owned_ifindexes(reader.root_qdiscs())):
         dev = names.get(idx, str(idx))
-        for c in reader.htb_classes(idx, dev):
-            if c.classid >> 16 == HANDLE_MAJOR:
-                out[(dev, c.classid)] = c
+        rows = {c.classid: c for c in reader.htb_classes(idx, dev) if c.classid >> 16 == HANDLE_MAJOR}
+        for cid, c in with_leaf_queues(rows).items():
+            out[(dev, cid)] = c
+    return out
+
+
+def with_leaf_queues(rows: dict[int, HtbClassRow]) -> dict[int, HtbClassRow]:
+    """Inner tenant classes (destination scopes) with their leaves' drops and queue folded in.
+
+    HTB counts bytes at every level but drops and backlog only where the queue
+    is, in the leaves; a scoped tenant's own class would otherwise report 0
+    drops. The root class is left as the kernel reports it.
+    """
+    root_cls = ROOT_HANDLE | ROOT_CLASS_MINOR
+    extra: dict[int, list[int]] = {}
+    for c in rows.values():
+        if c.parent in rows and c.parent != root_cls:
+            e = extra.setdefault(c.parent, [0, 0, 0])
+            e[0] += c.drops
+            e[1] += c.backlog_bytes
+            e[2] += c.qlen
+    out = dict(rows)
+    for cid, (drops, backlog, qlen) in extra.items():
+        p = rows[cid]
+        out[cid] = p._replace(drops=p.drops + drops, backlog_bytes=p.backlog_bytes + backlog, qlen=p.qlen + qlen)
     return out
