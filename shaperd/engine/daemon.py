@@ -37,6 +37,8 @@ EVENT_DEBOUNCE_S = 0.2
 RETRY_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 # Pod events: a short coalescing window keeps "classified within 1 s of the API event".
 POD_DEBOUNCE_S = 0.05
+# How long a first reconcile waits for the Volcano lists before it goes on without queues.
+VOLCANO_SYNC_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class Daemon:
         self.volcano_factory = volcano_factory
         self.volcano = None
         self._effective: Config | None = None  # the config after Volcano queue weights
+        self._volcano_since = 0.0
+        self._volcano_unsynced_said = False
         self.make_reconciler = make_reconciler
         self.resync_s = resync_interval_s
         self.log = log.get("shaperd.daemon")
@@ -112,7 +116,8 @@ class Daemon:
         try:
             cfg = src.load() if src is not None else load_file(self.path)
         except ConfigError as e:
-            self.log.error("config rejected", file=src.describe if src else self.path, reason=why, problems=[str(p) for p in e.problems],
+            self.log.error("config rejected", file=src.describe if src else self.path, reason=why,
+                           problems=[str(p) for p in e.problems],
                            keeping="last good config" if self.config else "nothing enforced yet")
             if self.metrics:
                 self.metrics.config_loaded(False)
@@ -123,7 +128,8 @@ class Daemon:
             self.config_gen += 1
         if self.metrics:
             self.metrics.config_loaded(True, cfg)
-        self.log.info("config loaded", file=src.describe if src else self.path, reason=why, tenants=len(cfg.tenants), changed=changed)
+        self.log.info("config loaded", file=src.describe if src else self.path, reason=why, tenants=len(cfg.tenants),
+                      changed=changed)
         return True
 
     # -- main loop -----------------------------------------------------
@@ -272,10 +278,18 @@ class Daemon:
             if self.volcano is None and uses_volcano(cfg):
                 self.volcano = self.volcano_factory(self._on_pods_changed)  # queue/PodGroup changes wake us like pods
                 self.volcano.start()
+                self._volcano_since = time.monotonic()
             if self.volcano is not None:
                 if not self.volcano.has_synced:
-                    self.log.info("waiting for the first Volcano PodGroup and Queue lists before reconciling")
-                    return time.monotonic() + 0.2
+                    # A short wait, so a start does not flap pods out of their queues' tenants; bounded, so
+                    # a Volcano watch that cannot list (RBAC, API down) never costs the others enforcement.
+                    if time.monotonic() - self._volcano_since < VOLCANO_SYNC_WAIT_S:
+                        self.log.info("waiting for the first Volcano PodGroup and Queue lists before reconciling")
+                        return time.monotonic() + 1.0
+                    if not self._volcano_unsynced_said:
+                        self._volcano_unsynced_said = True
+                        self.log.warning("Volcano PodGroups/Queues not listed yet; reconciling without queues",
+                                         waited_s=VOLCANO_SYNC_WAIT_S)
                 cfg = self.volcano.effective(cfg)
                 if cfg != self._effective:  # a queue weight moved a priority: a new config, not drift
                     self._effective = cfg
