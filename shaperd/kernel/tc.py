@@ -112,7 +112,9 @@ def _leaf_options(q: LeafQdisc) -> dict:
 
 
 def _u32_options(f: U32Filter) -> dict:
-    keys = [f"0x{k.value:08x}/0x{k.mask:08x}+{k.offset}" for k in f.keys]
+    # pyroute2 shifts the offset per leading zero byte of a zero-padded mask; an all-zero mask (tc's
+    # "match u32 0 0", a scoped tenant's catch-all) must be written unpadded or it fails to parse.
+    keys = [f"0x{k.value:08x}/0x{k.mask:08x}+{k.offset}" if k.mask else f"0x0/0x0+{k.offset}" for k in f.keys]
     attrs = [["TCA_U32_CLASSID", f.classid], ["TCA_U32_SEL", {"flags": TC_U32_TERMINAL, "keys": keys}]]
     if f.mark is not None:
         attrs.append(["TCA_U32_MARK", {"val": f.mark[0], "mask": f.mark[1], "success": 0}])

@@ -157,3 +157,40 @@ def test_skb_priority_naming_the_inner_tenant_class_runs_its_chain(scoped_bed, t
     bed.exec(sys.executable, "-c", PRIO_SENDER, hex(A), "198.18.0.2", "15")
     d = _deltas(before, classes(bed))
     assert d[SCOPE] == 25 and d[REST] == 15
+
+
+def test_a_tenant_gains_a_scope_in_place_and_the_tree_is_then_in_sync(scoped_bed, tmp_path):
+    """Leaf -> inner on a live tree: the tenant class keeps its id (and counters), the leaves appear under it."""
+    bed = scoped_bed
+    plain = TEXT.replace(f'    destinations: [{{cidrs: ["{SCOPED}"], bandwidthLimit: 100Mbps}}]\n', "")
+    assert bed.shaperd("apply", "--config", str(write(tmp_path, plain))).returncode == 0
+    bed.send("198.18.1.1", "198.19.0.2", 1000, 10)
+    before = classes(bed)
+    r = bed.shaperd("apply", "--config", str(write(tmp_path, TEXT)))
+    assert r.returncode == 0, r.stderr + r.stdout
+    after = classes(bed)
+    # the same class, counters intact (not recreated): it still holds the 10 packets sent before
+    assert before[A]["packets"] >= 10 and after[A]["packets"] >= before[A]["packets"]
+    assert SCOPE in after and REST in after
+    bed.send("198.18.1.1", "198.19.0.2", 1000, 10)
+    assert _deltas(after, classes(bed))[SCOPE] == 10
+    assert "0 changed" in bed.shaperd("apply", "--config", str(write(tmp_path, TEXT))).stdout
+
+
+
+def test_the_rendered_scope_filters_are_what_shaperd_writes(scoped_bed, tmp_path):
+    """`shaperd plan`'s tc lines for the inner class's chain, run by the real tc in place of shaperd's own
+    writes, leave a chain the diff finds in sync: the rendered commands are the enforced filters."""
+    bed = scoped_bed
+    cfg = write(tmp_path, TEXT)
+    assert bed.shaperd("apply", "--config", str(cfg)).returncode == 0
+    chain = f"7368:{A & 0xFFFF:x}"
+    out = bed.shaperd("plan", "--config", str(cfg))
+    cmds = [l.split()[1:] for l in out.stdout.splitlines() if l.startswith("tc filter") and f"parent {chain} " in l]
+    assert len(cmds) == 2 and any("all" in c for c in cmds), out.stdout
+    bed.exec("tc", "filter", "del", "dev", "up0", "parent", chain)
+    assert "flowid" not in bed.exec("tc", "filter", "show", "dev", "up0", "parent", chain).stdout
+    for c in cmds:
+        bed.exec("tc", *c)
+    again = bed.shaperd("apply", "--config", str(cfg))
+    assert again.returncode == 0 and "0 changed" in again.stdout, again.stdout

@@ -54,7 +54,7 @@ def test_filters_of_the_chain_and_the_dst_scopes_agree():
     a = dp.tenant_classes["a"]
     chain = [f for f in dp.filters if getattr(f, "parent", ROOT_HANDLE) == a]
     rest = [f for f in chain if f.protocol == ETH_P_ALL]
-    assert len(rest) == 1 and rest[0].keys == () and rest[0].prio == max(f.prio for f in chain)
+    assert len(rest) == 1 and rest[0].keys == (U32Key(0, 0, 0),) and rest[0].prio == max(f.prio for f in chain)
     dst = {(str(d.prefix), d.classid) for d in dp.dst_scopes}
     assert {p for p, _ in dst} == {"10.244.0.0/16", "2001:db8:44::/48", "10.245.0.0/24"}
     assert {(f.prefix.removeprefix("dst "), f.classid) for f in chain if f.protocol != ETH_P_ALL} == dst

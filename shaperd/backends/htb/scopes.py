@@ -35,6 +35,7 @@ from .objects import (
     DstScope,
     HtbClass,
     U32Filter,
+    U32Key,
     classid,
     dst_prefix_keys,
     scope_prio,
@@ -85,6 +86,6 @@ def scoped_tenant(
     rest = classid(minors[names[0]])
     classes.insert(0, make_class(rest, tenant_cls.classid, max(MIN_SCOPE_RATE_BPS, g - used), ceil,
                                  tenant_cls.prio, t.name))
-    filters.append(U32Filter(prio=PRIO_SCOPE_REST, protocol=ETH_P_ALL, classid=rest, keys=(),  # no key: every packet
+    filters.append(U32Filter(prio=PRIO_SCOPE_REST, protocol=ETH_P_ALL, classid=rest, keys=(U32Key(0, 0, 0),),  # tc's "match u32 0 0"
                              prefix="rest", parent=tenant_cls.classid))
     return classes, filters, scopes
