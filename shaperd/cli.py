@@ -225,11 +225,17 @@ def cmd_run(args) -> int:
         from .discovery.kubernetes.configmap import ConfigMapSource
 
         config_source = ConfigMapSource(args.config_map, kubeconfig=args.kubeconfig)
+    cilium_factory = None
+    if args.cilium_policies:  # CiliumNetworkPolicy bandwidth from the cluster (issue 12)
+        def cilium_factory(on_change):
+            from .discovery.kubernetes.ciliumpolicies import CiliumPolicyView
+
+            return CiliumPolicyView(on_change, kubeconfig=args.kubeconfig)
     d = Daemon(args.config, lambda pods: _reconciler(args, pods_source=pods, pod_resources=pod_resources),
                resync_interval_s=args.resync_interval, metrics_address=args.metrics_address,
                netns=getattr(args, "netns", None), pod_watcher_factory=factory, pod_resources=pod_resources,
                sm_check_settings=SmCheckSettings(interval_s=args.sm_check_interval, max_vls=dict(args.max_vls)),
-               config_source=config_source, volcano_factory=volcano_factory)
+               config_source=config_source, volcano_factory=volcano_factory, cilium_factory=cilium_factory)
     return d.run()
 
 
@@ -312,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-kubernetes", action="store_true", help="do not watch pods even if NODE_NAME is set")
     p.add_argument("--config-map", default=None, metavar="NAMESPACE/NAME", type=_config_map_arg,
                    help="read and watch the tenants file from this ConfigMap through the API instead of --config")
+    p.add_argument("--cilium-policies", action="store_true",
+                   help="add the bandwidth scopes of the cluster's CiliumNetworkPolicies (cilium.io/v2) to the tenants")
     p.add_argument("--no-pod-resources", action="store_true",
                    help="do not ask the kubelet's pod-resources API (<kubelet root>/pod-resources/kubelet.sock) "
                         "which RDMA devices pods hold; use the tenants file's rdma.devices only")

@@ -37,7 +37,7 @@ EVENT_DEBOUNCE_S = 0.2
 RETRY_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 # Pod events: a short coalescing window keeps "classified within 1 s of the API event".
 POD_DEBOUNCE_S = 0.05
-# How long a first reconcile waits for the Volcano lists before it goes on without queues.
+# How long a first reconcile waits for the Volcano (or Cilium policy) lists before it goes on without them.
 VOLCANO_SYNC_WAIT_S = 10.0
 
 
@@ -60,7 +60,8 @@ def stamp(path: str) -> FileStamp | None:
 class Daemon:
     def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0,
                  metrics_address: str | None = None, netns: str | None = None, pod_watcher_factory=None,
-                 pod_resources=None, sm_check_settings=None, config_source=None, volcano_factory=None):
+                 pod_resources=None, sm_check_settings=None, config_source=None, volcano_factory=None,
+                 cilium_factory=None):
         self.path = config_path
         # discovery.kubernetes.configmap.ConfigMapSource (--config-map): the tenants file through the API.
         self.config_source = config_source
@@ -68,7 +69,11 @@ class Daemon:
         # factory(on_change) -> discovery.kubernetes.volcano.VolcanoView, started once a tenant uses Volcano.
         self.volcano_factory = volcano_factory
         self.volcano = None
-        self._effective: Config | None = None  # the config after Volcano queue weights
+        # factory(on_change) -> discovery.kubernetes.ciliumpolicies.CiliumPolicyView (--cilium-policies).
+        self.cilium_factory = cilium_factory
+        self.cilium = None
+        self._cilium_since = 0.0
+        self._effective: Config | None = None  # the config enforced: after policies and queue weights
         self._volcano_since = 0.0
         self._volcano_unsynced_said = False
         self.make_reconciler = make_reconciler
@@ -150,6 +155,10 @@ class Daemon:
             self.log.info("watching pods", node=self.pods.node_name if hasattr(self.pods, "node_name") else None)
         if self.config_source is not None:
             self.config_source.start(self._on_config_changed)
+        if self.cilium_factory is not None:
+            self.cilium = self.cilium_factory(self._on_pods_changed)  # a policy change wakes us like a pod event
+            self.cilium.start()
+            self._cilium_since = time.monotonic()
         rec = self.make_reconciler(self._pods_snapshot if self.pods is not None else None)
         server = self._start_observability(rec)
         self.log.info("started", config=self.path, resync_interval_s=self.resync_s,
@@ -205,6 +214,8 @@ class Daemon:
                 self.config_source.stop()
             if self.volcano is not None:
                 self.volcano.stop()
+            if self.cilium is not None:
+                self.cilium.stop()
             if self.pod_resources is not None:
                 self.pod_resources.close()
             if server is not None:
@@ -272,6 +283,11 @@ class Daemon:
                 self.log.info("waiting for the first pod list before reconciling", error=self.pods.last_error)
                 return time.monotonic() + 1.0
         cfg = self.config
+        if self.cilium is not None:
+            if not self.cilium.has_synced and time.monotonic() - self._cilium_since < VOLCANO_SYNC_WAIT_S:
+                self.log.info("waiting for the first CiliumNetworkPolicy lists before reconciling")
+                return time.monotonic() + 1.0
+            cfg = self.cilium.effective(cfg)  # bounded wait: unlisted policies add nothing
         if self.volcano_factory is not None:
             from ..discovery.kubernetes.volcano import uses_volcano
 
@@ -291,9 +307,9 @@ class Daemon:
                         self.log.warning("Volcano PodGroups/Queues not listed yet; reconciling without queues",
                                          waited_s=VOLCANO_SYNC_WAIT_S)
                 cfg = self.volcano.effective(cfg)
-                if cfg != self._effective:  # a queue weight moved a priority: a new config, not drift
-                    self._effective = cfg
-                    self.config_gen += 1
+        if cfg != self._effective:  # what is enforced changed (file, queue weight, policy): a change, not drift
+            self._effective = cfg
+            self.config_gen += 1
         self.reconciles += 1
         gen = self.config_gen
         start = time.perf_counter()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,38 @@ def test_configmap_update_reaches_the_kernel_and_a_bad_one_keeps_the_last_good(b
                              for r in asked)
         daemon.terminate()
         assert daemon.wait(timeout=DEADLINE) == 0
+
+
+def test_the_source_design_in_a_cluster_configmap_and_cilium_policy_through_the_api(bed, tmp_path, api):
+    """The kubeflow deployment: the tenants ConfigMap and the CiliumNetworkPolicy are cluster objects."""
+    import yaml
+
+    from shaperd.backends.htb.scopes import scope_minors
+    from shaperd.config import load_text
+
+    src = (Path(__file__).resolve().parents[2] / "examples" / "kubeflow-source-design.yaml").read_text()
+    cm, cnp = yaml.safe_load_all(src)
+    # veth reports no usable speed: the node section a real NIC would not need
+    cm["data"]["traffic-shaping.yaml"] = "node: {interfaces: [up0], capacity: 100Gbps}\n" + cm["data"][
+        "traffic-shaping.yaml"]
+    cnps = "/apis/cilium.io/v2/ciliumnetworkpolicies"
+    api.collection(CMS)
+    api.collection(cnps)
+    api.put_object(CMS, cm)
+    api.put_object(cnps, cnp)
+    scoped = load_text(src)
+    leaf = ROOT_HANDLE | scope_minors(scoped.tenants, assign_minors(["tenant-a", "tenant-b"]))[
+        "tenant-a\0dst\x0010.244.0.0/16"]
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+    log = tmp_path / "daemon.log"
+    with open(log, "w") as logf, procs.running(
+        [PY, "-m", "shaperd", "--log-json", "run", "--netns", bed.node, "--no-kubernetes",
+         "--config-map", "kubeflow/training-network-isolation", "--cilium-policies", "--kubeconfig", str(kubeconfig),
+         "--metrics-address", "", "--resync-interval", "300"],
+        stdout=subprocess.DEVNULL, stderr=logf,
+    ):
+        assert wait_for(lambda: classes(bed).get(leaf, {}).get("ceil", 0) * 8 == 40 * 10**9, DEADLINE), \
+            log.read_text()[-3000:]
+        assert classes(bed)[A]["ceil"] * 8 == 60 * 10**9
+        api.delete_object(cnps, "kubeflow/tenant-a-bandwidth")  # the policy goes: so does the scope, live
+        assert wait_for(lambda: leaf not in classes(bed), DEADLINE), log.read_text()[-3000:]

@@ -117,3 +117,39 @@ def test_rbac_files_grant_read_only_and_one_configmap():
     vol = list(yaml.safe_load_all((ROOT / "daemonset" / "rbac-volcano.yaml").read_text()))
     assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in vol[0]["rules"])
     assert vol[0]["rules"][0]["apiGroups"] == ["scheduling.volcano.sh"]
+    cil = list(yaml.safe_load_all((ROOT / "daemonset" / "rbac-cilium.yaml").read_text()))
+    assert cil[0]["rules"][0]["apiGroups"] == ["cilium.io"] and set(cil[0]["rules"][0]["verbs"]) == {
+        "get", "list", "watch"}
+
+
+CNPS = "/apis/cilium.io/v2/ciliumnetworkpolicies"
+
+
+def test_cilium_policies_from_the_cluster_add_scopes_and_a_bad_one_costs_nobody(api):
+    from shaperd import config
+    from shaperd.discovery.kubernetes.ciliumpolicies import CiliumPolicyView
+
+    def cnp(name, labels, rule):
+        return {"apiVersion": "cilium.io/v2", "kind": "CiliumNetworkPolicy",
+                "metadata": {"name": name, "namespace": "kubeflow"},
+                "spec": {"endpointSelector": {"matchLabels": labels}, "egress": [rule]}}
+
+    api.collection(CNPS)  # the clusterwide collection is absent: 404, said once, empty
+    api.put_object(CNPS, cnp("a-pods", {"training-tenant": "tenant-a"},
+                             {"toCIDR": ["10.244.0.0/16"], "bandwidth": "40Gbps"}))
+    api.put_object(CNPS, cnp("broken", {"training-tenant": "tenant-b"}, {"toCIDR": ["10.1.0.1/16"], "bandwidth": "1Gbps"}))
+    api.put_object(CNPS, cnp("plain", {"app": "x"}, {"toCIDR": ["10.2.0.0/16"]}))  # ordinary policy: ignored
+    ev = threading.Event()
+    view = CiliumPolicyView(ev.set, client_configuration=_cfg(api))
+    view.start()
+    try:
+        assert _wait(lambda: view.has_synced and len(view.watchers[0].snapshot()) == 3, ev)
+        cfg = config.load_text("tenants: [{name: tenant-a, bandwidthGuarantee: 1Gbps}, "
+                               "{name: tenant-b, bandwidthGuarantee: 1Gbps}]")
+        eff = view.effective(cfg)
+        assert [(str(d.cidrs[0]), d.limit_bps) for d in eff.tenant("tenant-a").destinations] == [
+            ("10.244.0.0/16", 40 * 10**9)]
+        assert eff.tenant("tenant-b").destinations == ()
+        assert view.watchers[1].absent
+    finally:
+        view.stop()
