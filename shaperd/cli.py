@@ -59,6 +59,13 @@ def cmd_check_config(args) -> int:
                      format_rate(t.limit_bps) if t.limit_bps else "capacity",
                      str(t.priority), str(prios[t.name]), " ".join(match)))
     _table(rows)
+    scopes = [(t.name, format_rate(d.limit_bps), ",".join(map(str, d.cidrs)), d.origin)
+              for t in cfg.tenants for d in t.destinations]
+    if scopes:  # destination scopes (issue 12): that traffic's own cap; the rest keeps the tenant's limit
+        print()
+        _table([("TENANT", "LIMIT", "TOWARDS", "FROM")] + scopes)
+    for line in cfg.ignored:
+        print(f"ignored: {line}")
     n = cfg.node
     print(
         f"\nnode: interfaces={','.join(n.interfaces) or '(default route)'} "
@@ -89,6 +96,15 @@ def _table(rows) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def _config_map_arg(text: str) -> str:
+    from .discovery.kubernetes.configmap import parse_ref
+
+    try:
+        return "/".join(parse_ref(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _max_vls_arg(text: str):
@@ -247,6 +263,15 @@ def cmd_run(args) -> int:
 
         factory = make_watcher
 
+        def make_volcano(on_change):  # PodGroups and Queues, once a tenant uses match.volcanoQueues
+            from .discovery.kubernetes.volcano import VolcanoView
+
+            return VolcanoView(on_change, kubeconfig=args.kubeconfig)
+
+        volcano_factory = make_volcano
+    else:
+        volcano_factory = None
+
     pod_resources = None
     if factory is not None and not args.no_pod_resources:
         # The kubelet's device assignments (RDMA devices of pods); a missing socket is logged once, not an error.
@@ -254,10 +279,22 @@ def cmd_run(args) -> int:
 
         pod_resources = PodResourcesSource(_roots(args))
 
+    config_source = None
+    if args.config_map:  # the tenants ConfigMap through the API, e.g. kubeflow/training-network-isolation
+        from .discovery.kubernetes.configmap import ConfigMapSource
+
+        config_source = ConfigMapSource(args.config_map, kubeconfig=args.kubeconfig)
+    cilium_factory = None
+    if args.cilium_policies:  # CiliumNetworkPolicy bandwidth from the cluster (issue 12)
+        def cilium_factory(on_change):
+            from .discovery.kubernetes.ciliumpolicies import CiliumPolicyView
+
+            return CiliumPolicyView(on_change, kubeconfig=args.kubeconfig)
     d = Daemon(args.config, lambda pods: _reconciler(args, pods_source=pods, pod_resources=pod_resources),
                resync_interval_s=args.resync_interval, metrics_address=args.metrics_address,
                netns=getattr(args, "netns", None), pod_watcher_factory=factory, pod_resources=pod_resources,
-               sm_check_settings=SmCheckSettings(interval_s=args.sm_check_interval, max_vls=dict(args.max_vls)))
+               sm_check_settings=SmCheckSettings(interval_s=args.sm_check_interval, max_vls=dict(args.max_vls)),
+               config_source=config_source, volcano_factory=volcano_factory, cilium_factory=cilium_factory)
     return d.run()
 
 
@@ -343,6 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig for the API (default: in-cluster service account, else $KUBECONFIG, ~/.kube/config)")
     p.add_argument("--no-kubernetes", action="store_true", help="do not watch pods even if NODE_NAME is set")
+    p.add_argument("--config-map", default=None, metavar="NAMESPACE/NAME", type=_config_map_arg,
+                   help="read and watch the tenants file from this ConfigMap through the API instead of --config")
+    p.add_argument("--cilium-policies", action="store_true",
+                   help="add the bandwidth scopes of the cluster's CiliumNetworkPolicies (cilium.io/v2) to the tenants")
     p.add_argument("--no-pod-resources", action="store_true",
                    help="do not ask the kubelet's pod-resources API (<kubelet root>/pod-resources/kubelet.sock) "
                         "which RDMA devices pods hold; use the tenants file's rdma.devices only")

@@ -61,6 +61,8 @@ class Pod:
     rdma_devices: tuple[str, ...] = ()
     # Why something could not be resolved (logged and retried on the next resync).
     problems: tuple[str, ...] = ()
+    # Its Volcano queue (PodGroup spec.queue, else queue-name label/annotation), when Volcano is watched.
+    volcano_queue: str | None = None
 
     @property
     def ref(self) -> str:

@@ -50,9 +50,23 @@ def class_labels(config_path: str | None) -> dict[int, str]:
         cfg = load_file(config_path)
     except ConfigError:
         return labels
-    for name, minor in assign_minors([t.name for t in cfg.tenants]).items():
+    minors = assign_minors([t.name for t in cfg.tenants])
+    for name, minor in minors.items():
         labels[HANDLE_MAJOR << 16 | minor] = name
+    labels.update(scope_labels(cfg, minors))
     return labels
+
+
+def scope_labels(cfg, minors: dict[str, int]) -> dict[int, str]:
+    """Destination-scope leaves (issue 12): 'tenant-a/rest' and 'tenant-a->10.244.0.0/16'."""
+    from ..backends.htb.scopes import scope_minors
+
+    smins = scope_minors(cfg.tenants, minors)
+    out = {}
+    for key, minor in smins.items():
+        tenant, kind, *rest = key.split("\0")
+        out[HANDLE_MAJOR << 16 | minor] = f"{tenant}/rest" if kind == "rest" else f"{tenant}->{rest[0]}"
+    return out
 
 
 def sample(reader) -> dict[tuple[str, int], object]:

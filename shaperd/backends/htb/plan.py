@@ -18,6 +18,7 @@ from ...inventory import Capabilities, Inventory, Link
 from ...tenancy import Tenancy, tenancy
 from ..ids import assign_minors, bpf_program_name
 from . import mapcls
+from .scopes import scope_minors, scoped_tenant
 from .objects import (
     DEFAULT_CLASS_MINOR,
     ETH_P_IP,
@@ -214,14 +215,24 @@ def plan_device(
         htb_class(s, root_cls, ROOT_HANDLE, capacity, capacity, 0, link.mtu, None),
         htb_class(s, classid(DEFAULT_CLASS_MINOR), root_cls, reserve, capacity, DEFAULT_CLASS_PRIO, link.mtu, None),
     ]
+    smins = scope_minors(cfg.tenants, minors)
+    inner: set[int] = {root_cls}
+    scope_filters: list[Filter] = []
+    dst_scopes: list = []
     for t in sorted(cfg.tenants, key=lambda t: minors[t.name]):
-        classes.append(
-            htb_class(
-                s, classid(minors[t.name]), root_cls, t.guarantee_bps,
-                t.limit_bps if t.limit_bps is not None else capacity, prios[t.name], link.mtu, t.name,
-            )
+        tcls = htb_class(
+            s, classid(minors[t.name]), root_cls, t.guarantee_bps,
+            t.limit_bps if t.limit_bps is not None else capacity, prios[t.name], link.mtu, t.name,
         )
-    leaves = [leaf_for(s, c, inv.capabilities) for c in classes if c.classid != root_cls]
+        classes.append(tcls)
+        if t.destinations:  # the tenant class becomes inner: a rest leaf and one leaf per scope (scopes.py)
+            kids, fl, ds = scoped_tenant(t, tcls, smins, lambda cid, parent, rate, ceil, prio, name: htb_class(
+                s, cid, parent, rate, ceil, prio, link.mtu, name))
+            classes.extend(kids)
+            scope_filters.extend(fl)
+            dst_scopes.extend(ds)
+            inner.add(tcls.classid)
+    leaves = [leaf_for(s, c, inv.capabilities) for c in classes if c.classid not in inner]
 
     filters: list[Filter] = []
     by_pod = by_pod or {}
@@ -266,6 +277,7 @@ def plan_device(
     if not inv.capabilities.bpf_maps:
         filters.extend(U32Filter.for_prefix(net, cls) for net, cls in src_prefixes)
     filters.sort(key=lambda f: (f.prio, getattr(f, "protocol", 0), getattr(f, "prefix", "")))
+    filters.extend(sorted(scope_filters, key=lambda f: (f.parent, f.prio, f.protocol, f.prefix)))
     dp = DevicePlan(
         device=link.name,
         ifindex=link.ifindex,
@@ -275,6 +287,7 @@ def plan_device(
         leaves=tuple(leaves),
         filters=tuple(filters),
         tenant_classes={t.name: classid(minors[t.name]) for t in cfg.tenants},
+        dst_scopes=tuple(sorted(dst_scopes, key=lambda d: (d.tenant_classid, str(d.prefix)))),
     )
     if inv.capabilities.bpf_maps:
         # eBPF path: the same decisions as map entries; the root keeps no classifying filter.

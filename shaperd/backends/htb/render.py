@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...units import tc_rate
 from . import mapcls
-from .objects import ETH_P_IP, BpfFilter, DevicePlan, U32Filter, fmt_handle
+from .objects import ETH_P_ALL, ETH_P_IP, BpfFilter, DevicePlan, U32Filter, fmt_handle
 from .plan import HtbPlan
 
 
@@ -36,11 +36,14 @@ def device_commands(dp: DevicePlan) -> list[list[str]]:
     for f in dp.filters:
         if isinstance(f, U32Filter):
             v4 = f.protocol == ETH_P_IP
-            cmds.append(
-                ["filter", "add", "dev", dev, "parent", fmt_handle(dp.root.handle),
-                 "protocol", "ip" if v4 else "ipv6", "prio", str(f.prio), "u32",
-                 "match", "ip" if v4 else "ip6", "src", f.prefix, "flowid", fmt_handle(f.classid)]
-            )
+            head = ["filter", "add", "dev", dev, "parent", fmt_handle(f.parent)]
+            if f.protocol == ETH_P_ALL:  # a scoped tenant's catch-all to its rest leaf
+                cmds.append(head + ["protocol", "all", "prio", str(f.prio), "u32", "match", "u32", "0", "0",
+                                    "flowid", fmt_handle(f.classid)])
+                continue
+            direction, prefix = f.prefix.split(" ", 1) if f.prefix.startswith("dst ") else ("src", f.prefix)
+            cmds.append(head + ["protocol", "ip" if v4 else "ipv6", "prio", str(f.prio), "u32",
+                                "match", "ip" if v4 else "ip6", direction, prefix, "flowid", fmt_handle(f.classid)])
     return cmds
 
 
@@ -48,6 +51,9 @@ def comments(dp: DevicePlan, marks=()) -> list[str]:
     out = [f"# device {dp.device}: capacity {tc_rate(dp.capacity_bps)}"]
     for name, cid in sorted(dp.tenant_classes.items()):
         out.append(f"# tenant {name} -> class {fmt_handle(cid)}")
+    for d in dp.dst_scopes:
+        out.append(f"# destination scope: class {fmt_handle(d.tenant_classid)} towards {d.prefix} -> class "
+                   f"{fmt_handle(d.classid)} (the tenant's other traffic: its rest leaf)")
     for f in dp.filters:
         if isinstance(f, BpfFilter):
             if f.kind == "cgroup":
