@@ -127,7 +127,8 @@ def test_a_tenant_recognised_by_its_interface_is_scoped_too(scoped_bed, tmp_path
     text = TEXT.replace("match: {cidrs: [198.18.1.0/24]}", 'match: {interfaces: ["vethp*"]}')
     r = bed.shaperd("apply", "--config", str(write(tmp_path, text)))
     assert r.returncode == 0, r.stderr + r.stdout
-    if "shpd_" not in bed.exec("tc", "filter", "show", "dev", "up0").stdout:
+    shown = bed.exec("tc", "filter", "show", "dev", "up0").stdout + bed.exec("tc", "filter", "show", "dev", "up0", "egress").stdout
+    if "shpd" not in shown:  # classic cls_bpf on the root, or the eBPF map classifier on clsact egress
         pytest.skip("no cls_bpf on this kernel: interface matches are not enforced")
     before = classes(bed)
     bed.send("198.18.60.2", "198.19.0.2", 500, 30, ns=pod)
