@@ -36,15 +36,23 @@ def probe_capabilities(procfs_root: str = "/proc") -> Capabilities:
         # No CAP_SYS_ADMIN (the DaemonSet and the systemd unit drop it), or no netns support:
         # assume the common kernel set, say so. Loading a do-nothing SCHED_CLS program touches
         # no device, so cls_bpf is still tested here rather than assumed missing.
-        from . import bpf
+        from . import bpf, bpf_classify
 
         bpf_ok, why = bpf.bpf_supported()
+        # The map classifier: its maps made and its program loaded, not attached (no probe device).
+        maps_ok, maps_why = bpf_classify.probe_load() if bpf_ok else (False, "cls_bpf unavailable")
         # fq_codel leaves when the node's default qdisc is fq_codel (systemd's default): it exists there.
         leaf = {"bfifo"} | ({"fq_codel"} if default_qdisc(procfs_root) == "fq_codel" else set())
         notes = [f"capability probe skipped ({e.strerror or e}); assuming htb, u32, {', '.join(sorted(leaf))}"]
         if not bpf_ok:
             notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
-        return Capabilities(htb=True, u32=True, bpf=bpf_ok, leaf_kinds=frozenset(leaf), notes=tuple(notes))
+        if os.environ.get("SHAPERD_CLASSIFIER", "") == "u32" and maps_ok:
+            maps_ok = False
+            notes.append("classifier: u32 path (SHAPERD_CLASSIFIER=u32)")
+        elif not maps_ok:
+            notes.append(f"eBPF map classifier unavailable ({maps_why}): classifying with u32 filters")
+        return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, leaf_kinds=frozenset(leaf),
+                            notes=tuple(notes))
     try:
         with netns_mod.entered(name):
             ipr = IPRoute()  # a socket keeps the namespace it was made in
@@ -63,14 +71,22 @@ def probe_capabilities(procfs_root: str = "/proc") -> Capabilities:
                     leaf.add(kind)
             u32 = _try(lambda: ipr.tc("add-filter", "u32", idx, parent=0x10000, prio=1, protocol=0x0800,
                                       target=0x10002, keys=["0xc6120000/0xffff0000+12"]))
-        from . import bpf
+            from . import bpf, bpf_classify
 
-        bpf_ok, why = bpf.bpf_supported()
+            bpf_ok, why = bpf.bpf_supported()
+            maps_ok, maps_why = bpf_classify.probe(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
         if not bpf_ok:
             notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
+        forced = os.environ.get("SHAPERD_CLASSIFIER", "")
+        if forced == "u32" and maps_ok:
+            maps_ok = False
+            notes.append("classifier: u32 path (SHAPERD_CLASSIFIER=u32)")
+        elif not maps_ok:
+            notes.append(f"eBPF map classifier unavailable ({maps_why}): classifying with u32 filters")
         if "fq_codel" not in leaf:
             notes.append("fq_codel missing: leaf queues are bfifo sized in time at the class ceiling")
-        return Capabilities(htb=True, u32=u32, bpf=bpf_ok, leaf_kinds=frozenset(leaf), notes=tuple(notes))
+        return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, leaf_kinds=frozenset(leaf),
+                            notes=tuple(notes))
     finally:
         try:
             netns.remove(name)
