@@ -111,13 +111,13 @@ def test_config_map_refs_are_namespace_slash_name(bad):
 
 
 def test_rbac_files_grant_read_only_and_one_configmap():
-    cm = list(yaml.safe_load_all((ROOT / "daemonset" / "rbac-configmap.yaml").read_text()))
+    cm = list(yaml.safe_load_all((ROOT / "daemonset" / "components" / "config-map" / "rbac.yaml").read_text()))
     rule = cm[0]["rules"][0]
     assert rule["resourceNames"] == ["training-network-isolation"] and set(rule["verbs"]) == {"get", "list", "watch"}
-    vol = list(yaml.safe_load_all((ROOT / "daemonset" / "rbac-volcano.yaml").read_text()))
+    vol = list(yaml.safe_load_all((ROOT / "daemonset" / "components" / "volcano" / "rbac.yaml").read_text()))
     assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in vol[0]["rules"])
     assert vol[0]["rules"][0]["apiGroups"] == ["scheduling.volcano.sh"]
-    cil = list(yaml.safe_load_all((ROOT / "daemonset" / "rbac-cilium.yaml").read_text()))
+    cil = list(yaml.safe_load_all((ROOT / "daemonset" / "components" / "cilium-policies" / "rbac.yaml").read_text()))
     assert cil[0]["rules"][0]["apiGroups"] == ["cilium.io"] and set(cil[0]["rules"][0]["verbs"]) == {
         "get", "list", "watch"}
 

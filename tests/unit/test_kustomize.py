@@ -14,6 +14,7 @@ server refuses (a Bidirectional mount on an unprivileged container):
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -51,18 +52,38 @@ needs_kustomize = pytest.mark.skipif(
     KUSTOMIZE is None, reason="no kustomize v4+ (kubectl kustomize or kustomize build) on PATH; see scripts/setup")
 
 
-def render(overlay: str) -> list[dict]:
-    r = subprocess.run([*KUSTOMIZE, str(DS / "overlays" / overlay)], capture_output=True, text=True, timeout=60,
-                       start_new_session=True)
+COMPONENTS = sorted(p.name for p in (DS / "components").iterdir() if (p / "kustomization.yaml").exists())
+
+
+def render(overlay: str | Path) -> list[dict]:
+    path = overlay if isinstance(overlay, Path) else DS / "overlays" / overlay
+    r = subprocess.run([*KUSTOMIZE, str(path)], capture_output=True, text=True, timeout=60, start_new_session=True)
     assert r.returncode == 0, r.stderr
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, list[dict]]:
+def everything(tmp_path_factory) -> list[dict]:
+    """The base with every component, as an operator's own overlay would combine them."""
     if KUSTOMIZE is None:
         pytest.skip("no kustomize v4+ on PATH")
-    return {o: render(o) for o in OVERLAYS}
+    d = tmp_path_factory.mktemp("overlay")
+    rel = os.path.relpath(DS, d)  # kustomize refuses absolute paths to bases and components
+    (d / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [f"{rel}/base"], "components": [f"{rel}/components/{c}" for c in COMPONENTS],
+        "images": [{"name": "shaperd", "newName": "ghcr.io/shaperd/shaperd", "newTag": "0.1.0"}]}))
+    return render(d)
+
+
+@pytest.fixture(scope="module")
+def rendered(everything) -> dict[str, list[dict]]:
+    """Every overlay, and "+all": the base with every component."""
+    return {**{o: render(o) for o in OVERLAYS}, "+all": everything}
+
+
+def test_the_components_are_the_documented_ones():
+    assert COMPONENTS == ["cilium-policies", "config-map", "monitoring", "rdma-webhook", "volcano"]
 
 
 def by_kind(docs: list[dict], kind: str) -> list[dict]:
@@ -99,7 +120,7 @@ def test_every_builtin_object_is_valid_strict_for(version, rendered):
             except kv.ValidationError as e:
                 pytest.fail(f"{overlay}: {d['kind']}/{d['metadata']['name']} invalid for {version}: {e.message}")
             checked += 1
-    assert checked >= 4 * 6  # every overlay's namespace, RBAC, DaemonSet and Service at least
+    assert checked >= 5 * 6  # every rendering's namespace, RBAC, DaemonSet and Service at least
 
 
 def test_a_bad_manifest_is_refused_by_the_validator():
@@ -283,3 +304,26 @@ def test_the_prometheusrule_is_generated_from_the_rules_file():
     pr = yaml.safe_load((DS / "components" / "monitoring" / "prometheusrule.yaml").read_text())
     src = yaml.safe_load((ROOT / "deploy" / "prometheus" / "shaperd-alerts.yaml").read_text())
     assert pr["spec"]["groups"] == src["groups"]
+
+
+@needs_kustomize
+def test_the_agents_arguments_suit_the_cli_in_every_rendering(rendered):
+    for overlay, docs in rendered.items():
+        (ds,) = by_kind(docs, "DaemonSet")
+        args = build_parser().parse_args(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+        assert args.cmd == "run", overlay
+    (ds,) = by_kind(rendered["+all"], "DaemonSet")
+    args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--cilium-policies" in args and args[args.index("--config-map") + 1] == "kubeflow/training-network-isolation"
+
+
+@needs_kustomize
+def test_every_role_is_read_only_and_bound_to_the_agent(rendered):
+    docs = rendered["+all"]
+    roles = by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+    assert len(roles) == 4  # pods, Volcano, Cilium policies, the one ConfigMap
+    for r in roles:
+        for rule in r["rules"]:
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}, r["metadata"]["name"]
+    for b in by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding"):
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "shaperd", "namespace": "shaperd-system"}]
