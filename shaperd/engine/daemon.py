@@ -4,7 +4,8 @@ Reconciles at start, when the tenants file changes (polled by inode, mtime
 and size through the symlink, which also catches a ConfigMap's atomic
 ``..data`` swap), on SIGHUP, when links or tc objects change (debounced),
 and on a periodic resync that repairs drift. A bad new file is rejected with
-a log line and the last good one stays enforced. SIGTERM/SIGINT end the
+a log line and the last good one stays enforced. When and how the file is
+read (settle time, torn reads, unchanged bytes) is engine/config_watch.py's. SIGTERM/SIGINT end the
 loop and leave enforcement in place.
 
 With a metrics address, a sampler thread reads class counters every 0.5 s
@@ -24,11 +25,11 @@ import os
 import select
 import signal
 import time
-from dataclasses import dataclass
 
 from .. import log
-from ..config import Config, load_file
+from ..config import Config, load_text
 from ..errors import ConfigError, KernelError, ShaperdError
+from .config_watch import ConfigWatch, FileStamp, stamp  # noqa: F401  (FileStamp, stamp: re-exported)
 
 FILE_POLL_S = 1.0
 # Coalesce a burst of link/tc events (including the echo of our own writes) into one reconcile.
@@ -37,22 +38,6 @@ EVENT_DEBOUNCE_S = 0.2
 RETRY_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 # Pod events: a short coalescing window keeps "classified within 1 s of the API event".
 POD_DEBOUNCE_S = 0.05
-
-
-@dataclass(frozen=True)
-class FileStamp:
-    ino: int
-    dev: int
-    mtime_ns: int
-    size: int
-
-
-def stamp(path: str) -> FileStamp | None:
-    try:
-        st = os.stat(path)  # follows symlinks: a swapped target is a new inode
-    except OSError:
-        return None
-    return FileStamp(st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size)
 
 
 class Daemon:
@@ -64,7 +49,7 @@ class Daemon:
         self.resync_s = resync_interval_s
         self.log = log.get("shaperd.daemon")
         self.config: Config | None = None
-        self.stamp: FileStamp | None = None
+        self.watch = ConfigWatch(config_path)
         self.stop = False
         self.reload_requested = False
         self.failures = 0
@@ -97,11 +82,18 @@ class Daemon:
         self.reload_requested = True
 
     # -- config --------------------------------------------------------
-    def load(self, why: str) -> bool:
+    def load(self, why: str, force: bool = False) -> bool:
         """Try the file; keep the last good config on failure. True if the config changed."""
-        self.stamp = stamp(self.path)
+        got = self.watch.read(force=force)
+        if got.torn:
+            self.log.info("config file changed while read; reading again once it settles", file=self.path, reason=why)
+            return False
+        if not got.new:
+            return False
         try:
-            cfg = load_file(self.path)
+            if got.error is not None:
+                raise got.error
+            cfg = load_text(got.text, self.path)
         except ConfigError as e:
             self.log.error("config rejected", file=self.path, reason=why, problems=[str(p) for p in e.problems],
                            keeping="last good config" if self.config else "nothing enforced yet")
@@ -137,7 +129,7 @@ class Daemon:
         server = self._start_observability(rec)
         self.log.info("started", config=self.path, resync_interval_s=self.resync_s,
                       capabilities=list(rec.capabilities.notes))
-        self.load("start")
+        self.load("start", force=True)
         due = time.monotonic()  # reconcile now
         next_resync = due + self.resync_s
         next_poll = time.monotonic() + FILE_POLL_S
@@ -162,14 +154,14 @@ class Daemon:
                     due = soon if due is None else min(due, soon)
                 if self.reload_requested:
                     self.reload_requested = False
-                    if self.load("SIGHUP"):
+                    if self.load("SIGHUP", force=True):
                         due = now
                 if now >= next_poll:
-                    next_poll = now + FILE_POLL_S
-                    if stamp(self.path) != self.stamp and self.load("file changed"):
+                    if self.watch.due(now) and self.load("file changed"):
                         due = now
                     if self.pod_resources is not None and self.pod_resources.poll():
                         due = now
+                    next_poll = now + self.watch.poll_interval_s(FILE_POLL_S)
                 if now >= next_resync:
                     due = now
                 if due is not None and now >= due and not self.stop:
