@@ -43,7 +43,7 @@ POD_DEBOUNCE_S = 0.05
 class Daemon:
     def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0,
                  metrics_address: str | None = None, netns: str | None = None, pod_watcher_factory=None,
-                 pod_resources=None, sm_check_settings=None):
+                 pod_resources=None, sm_check_settings=None, web_config_file: str | None = None):
         self.path = config_path
         self.make_reconciler = make_reconciler
         self.resync_s = resync_interval_s
@@ -55,6 +55,7 @@ class Daemon:
         self.failures = 0
         self.reconciles = 0
         self.metrics_address = metrics_address or None
+        self.web_config_file = web_config_file or None  # report/webconfig.py: TLS and basic auth on /metrics
         self.netns = netns
         self.metrics = None  # report.metrics.Metrics when serving
         self.sampler = None
@@ -284,14 +285,15 @@ class Daemon:
 
         dcb_metrics.install(self.metrics, rec.backends)
         try:
-            server = MetricsServer(self.metrics_address, self.metrics)
+            server = MetricsServer(self.metrics_address, self.metrics, self.web_config_file)
         except (OSError, ValueError) as e:
             raise ShaperdError(f"listen on metrics address {self.metrics_address}: {getattr(e, 'strerror', None) or e}") from e
         self.sampler.start()
         self.rdma_sampler.start()
         self.sm_checker.start()
         server.start()
-        self.log.info("serving metrics", address=self.metrics_address, paths=["/metrics", "/healthz", "/readyz"])
+        self.log.info("serving metrics", address=self.metrics_address, paths=["/metrics", "/healthz", "/readyz"],
+                      scheme=server.scheme, web_config=self.web_config_file)
         return server
 
     def _observe(self, rep, ok: bool, drift: bool) -> None:
