@@ -23,6 +23,11 @@ The numbers, and why:
   alias counts the whole subtree it points to, so nine levels of nine
   aliases ("billion laughs", 9^9 nodes from 81 aliases) are refused while
   composing, after a few thousand nodes, in milliseconds.
+- ``MAX_YAML_DEPTH`` = 64 nested collections: the deepest real path is
+  root / tenants / tenant / match / podLabels (5). PyYAML's composer
+  recurses about four Python frames a level, so ``[`` nested a few hundred
+  deep ended in a RecursionError traceback (found by tests/fuzz_inputs.py);
+  64 is far below that and far above any real file.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from .errors import ConfigError, ConfigProblem
 MAX_TENANTS = TENANT_MINOR_LAST - TENANT_MINOR_FIRST + 1 - (1 if TENANT_MINOR_FIRST <= HANDLE_MAJOR <= TENANT_MINOR_LAST else 0)
 MAX_FILE_BYTES = 8 * 2**20
 MAX_YAML_NODES = 2_000_000
+MAX_YAML_DEPTH = 64
 
 
 class YamlBudgetExceeded(yaml.YAMLError):
@@ -48,6 +54,11 @@ class YamlBudgetExceeded(yaml.YAMLError):
                          f"(at least {count:,}); a tenants file needs far fewer (13 a tenant)")
 
 
+class YamlTooDeep(yaml.YAMLError):
+    def __init__(self):
+        super().__init__(f"collections nested more than {MAX_YAML_DEPTH} deep; a tenants file needs 5")
+
+
 class YamlNodeBudget:
     """Composer mixin: counts every node, an alias as the size of the subtree it names, and stops past
     ``max_yaml_nodes``. Put it before ``yaml.SafeLoader`` in the bases."""
@@ -57,7 +68,8 @@ class YamlNodeBudget:
     def compose_node(self, parent, index):  # noqa: D102 - PyYAML's Composer hook
         if not hasattr(self, "_budget_count"):
             self._budget_count = 0
-            self._budget_sizes: dict[int, int] = {}
+            self._budget_depth = 0
+            self._budget_sizes: dict[str, int] = {}
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
             node = super().compose_node(parent, index)  # raises for an undefined alias
@@ -65,7 +77,13 @@ class YamlNodeBudget:
             return node
         self._charge(1)
         before = self._budget_count
-        node = super().compose_node(parent, index)
+        self._budget_depth += 1
+        try:
+            if self._budget_depth > MAX_YAML_DEPTH:
+                raise YamlTooDeep()
+            node = super().compose_node(parent, index)
+        finally:
+            self._budget_depth -= 1
         if getattr(event, "anchor", None) is not None:
             self._budget_sizes[event.anchor] = self._budget_count - before + 1
         return node

@@ -109,3 +109,16 @@ def test_unreadable_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read file"):
         load_file(tmp_path / "missing.yaml")
     assert not os.path.exists(tmp_path / "missing.yaml")
+
+
+def test_deep_nesting_is_refused_not_a_recursion_error():
+    for text in ("[" * 5000 + "]" * 5000, "a: " + "[" * 100000, "{" * 3000 + "}" * 3000):
+        with pytest.raises(ConfigError, match="nested more than 64 deep"):
+            load_text(text)
+    with pytest.raises(ConfigError, match="x: unknown key"):  # deep but within the cap: ordinary validation
+        load_text("x: " + "[" * 60 + "]" * 60 + "\n" + GOOD)
+
+
+def test_unhashable_key_is_a_config_error():
+    with pytest.raises(ConfigError, match="unhashable key"):
+        load_text("? []\n")
