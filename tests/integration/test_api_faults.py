@@ -105,6 +105,10 @@ def test_enforcement_holds_through_api_faults_and_recovers(bed, tmp_path, api):
     with Kernel(bed.node) as k:
         assert wait_for(lambda: all(enforced(k, p) for p in steady if p.tenant), 30), log.tail()
         baseline = k.state()
+        import psutil
+
+        proc = psutil.Process(daemon.pid)
+        rss0 = proc.memory_info().rss
         for n, fault in enumerate(FAULTS):
             seen = len(log.events("reconciled"))
             requests = len(api.requests)
@@ -128,7 +132,8 @@ def test_enforcement_holds_through_api_faults_and_recovers(bed, tmp_path, api):
             api.add_pod(pod.api_object())
             assert wait_for(lambda: enforced(k, pod), 60), f"{fault}: no recovery\n{log.tail()}"
             figures[fault] = {"requests": asked, "window_s": round(window_s, 1),
-                              "recover_s": round(time.monotonic() - t1, 2)}
+                              "recover_s": round(time.monotonic() - t1, 2),
+                              "rss_mib": round(proc.memory_info().rss / 2**20, 1)}
             api.delete_pod(pod.uid)
             assert wait_for(lambda: gone(k, pod, True), 30), log.tail()
             remove_routed_pod(bed.node, pod)
@@ -139,7 +144,7 @@ def test_enforcement_holds_through_api_faults_and_recovers(bed, tmp_path, api):
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=15) == 0, log.tail()
     assert "Traceback" not in log.path.read_text()
-    print(f"\nAPI faults: {json.dumps(figures)}")
+    print(f"\nAPI faults: RSS at start {rss0 / 2**20:.1f} MiB; {json.dumps(figures)}")
 
 
 @pytest.mark.xfail(strict=False, reason=(
