@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from shaperd.config import load_text
 from shaperd.kernel.probe import probe_capabilities
 from tests.k8s_fake import FakeKubeAPI, make_pod, write_kubeconfig
 from tests.routed_pods import (CFG, NODE_NAME, Kernel, PodSpec, add_routed_pods, enforced, gone, remove_routed_pod,
@@ -143,6 +144,14 @@ def test_enforcement_holds_through_api_faults_and_recovers(bed, tmp_path, api):
         assert daemon.poll() is None, log.tail()
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=15) == 0, log.tail()
+        # After all the faults: teardown plus a fresh apply of the same config and pods gives the same state.
+        after = k.state()
+        infos = [p.info() for p in steady]
+        caps = probe_capabilities()
+        assert k.reconciler(caps, lambda: infos).teardown().ok
+        again = k.reconciler(caps, lambda: infos).apply(load_text(CFG))
+        assert again.ok and again.changes > 0
+        assert state_diff(after, k.state()) == {}
     assert "Traceback" not in log.path.read_text()
     print(f"\nAPI faults: RSS at start {rss0 / 2**20:.1f} MiB; {json.dumps(figures)}")
 
