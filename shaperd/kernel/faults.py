@@ -111,13 +111,13 @@ class FaultPlan:
         return self._fire("no_answer", data, where) is not None
 
     # -- the reader's hook -------------------------------------------------------
-    def on_read(self, request: bytes, buf: bytes, where: str) -> bytes | None:
-        """The datagram the reader sees (None: it never arrived)."""
+    def reading(self, request: bytes, where: str) -> str | None:
+        """What happens to the replies of this read: "silent" (none arrive), "interrupted", or None."""
         if self._fire("read_silent", request, where) is not None:
-            return None
+            return "silent"
         if self._fire("dump_interrupted", request, where) is not None:
-            return mark_dump_intr(buf)
-        return buf
+            return "interrupted"
+        return None
 
 
 def mark_dump_intr(buf: bytes) -> bytes:

@@ -35,7 +35,7 @@ from ..backends.htb import ops as htb
 from ..backends.htb.objects import ETH_P_ALL, ROOT_HANDLE, HtbClass, LeafQdisc, U32Filter
 from ..backends.marks import ops as marks
 from ..backends.marks.objects import CLSACT_HANDLE, PRIO_MARK_INGRESS, TC_H_CLSACT, TC_H_INGRESS_PARENT
-from ..errors import KernelError
+from ..errors import TRANSIENT_ERRNOS, KernelError
 from ..units import bps_to_Bps, xmit_ticks
 from . import bpf
 from . import netns as netns_mod
@@ -52,7 +52,7 @@ _F_PUT = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
 _F_ADD = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
 _F_DEL = NLM_F_REQUEST | NLM_F_ACK
 # Refusals worth asking again after a pause: the kernel was busy or short of memory, not saying no.
-TRANSIENT_ERRNOS = frozenset({errno_mod.EBUSY, errno_mod.ENOBUFS, errno_mod.EAGAIN, errno_mod.EINTR, errno_mod.ENOMEM})
+TRANSIENT_ERRNOS = TRANSIENT_ERRNOS - {errno_mod.ETIMEDOUT, errno_mod.EPIPE}  # answered refusals only
 RETRY_BACKOFF_S = (0.05, 0.2, 0.5)
 # One device's writes in one apply: past this, the rest are reported "not sent" and the engine goes on.
 DEVICE_BUDGET_S = 60.0
@@ -242,8 +242,7 @@ def build_message(op: Operation, bpf_fd: int | None = None):
     return encode(op, bpf_fd)
 
 
-def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *,
-              clock=time.monotonic, sleep=time.sleep) -> ApplyResult:
+def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, sleep=time.sleep) -> ApplyResult:
     """Execute ``ops`` (all on one device) in order, within the device's budget.
 
     ``batch``: bounded netlink batches, every request acked (kernel/nlwriter.py). A refusal or lost
@@ -263,6 +262,7 @@ def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *,
     if not ops:
         return result
     nl = writer.nl
+    clock = nl.clock  # the deadline is on the writer's clock (injectable in tests)
     deadline = clock() + writer.device_budget_s
     fds: list[int] = []
     try:
@@ -315,7 +315,7 @@ def _one(nl: nlwriter.NetlinkWriter, enc, deadline: float, sleep):
         code = answers.codes[0]
         if answers.lost is not None:
             return None, "", answers.lost, answers.lost_errno
-        if code not in TRANSIENT_ERRNOS or pause is None:
+        if code not in TRANSIENT_ERRNOS or pause is None or nl.clock() + pause >= deadline:
             return code, answers.texts[0], None, None
         sleep(pause)
     raise AssertionError("unreachable")
