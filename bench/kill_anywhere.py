@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
                 t = bed.trial(n, rng, first_s, change_s)
                 trials.append(t)
                 print(f"{n:3d} {t.kind:12s} kill@{t.kill_after_s:5.2f}s matches={t.matches} "
-                      f"recover={t.recover_s:.2f}s kept={t.counter_kept} grew={t.counter_grew} "
-                      f"rss={t.rss_kib_after}KiB left={t.leftovers} {t.error}", flush=True)
+                      f"interrupted={t.interrupted} recover={t.recover_s:.2f}s kept={t.counter_kept} grew={t.counter_grew} "
+                      f"rss={t.rss_kib_before}->{t.rss_kib_after}KiB left={t.leftovers} {t.error}", flush=True)
         finally:
             bed.cleanup()
     load_after = Path("/proc/loadavg").read_text().strip()
@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         "recover_s_min": min(rec, default=None), "recover_s_max": max(rec, default=None),
         "rss_kib_median": statistics.median(rss) if rss else None,
         "rss_kib_min": min(rss, default=None), "rss_kib_max": max(rss, default=None),
+        "interrupted": {k: sum(1 for t in trials if t.kind == k and t.interrupted) for k in ("first apply", "large change")},
+        "rss_kib_before_median": statistics.median([t.rss_kib_before for t in trials if t.kind == "large change"] or [0]),
         "leftovers": sum(len(t.leftovers) for t in trials),
         "loadavg_before": load_before, "loadavg_after": load_after,
     }

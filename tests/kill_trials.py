@@ -78,7 +78,9 @@ class Trial:
     counter_kept: bool | None = None
     counter_grew: bool | None = None
     leftovers: list[str] = field(default_factory=list)
-    rss_kib_after: int = 0
+    rss_kib_before: int = 0  # the daemon just before the kill (large change: it had enforced file A)
+    rss_kib_after: int = 0  # the restarted daemon after its first reconcile
+    interrupted: bool | None = None  # the kill left the uplink short of the final state (not just before/after)
     error: str = ""
 
     @property
@@ -197,6 +199,18 @@ class KillBed:
             time.sleep(0.05)
         return None
 
+    def wait_reconciled(self, deadline_s: float = CONVERGE_DEADLINE_S) -> bool:
+        """The running daemon has logged a finished reconcile."""
+        log = self.work / f"daemon-{self.logs}.log"
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < deadline_s:
+            if '"reconciled"' in log.read_text():
+                return True
+            if self.daemon is None or self.daemon.poll() is not None:
+                return False
+            time.sleep(0.05)
+        return False
+
     def steady_bytes(self) -> int:
         from shaperd.backends.ids import assign_minors
 
@@ -254,12 +268,18 @@ class KillBed:
                 write_atomically(self.cfg_path, self.cfg_b)
                 os.kill(self.daemon.pid, signal.SIGHUP)
                 time.sleep(t.kill_after_s)
+            t.rss_kib_before = self.rss_kib()
             t.leftovers = self.kill_daemon()
+            try:
+                t.interrupted = self.state() != self.ref_b
+            except Exception:  # noqa: BLE001 - a half-built tree may race nothing now; unreadable counts as short
+                t.interrupted = True
             t0 = time.monotonic()
             self.start_daemon()
             took = self.wait_state(self.ref_b)
-            t.matches = took is not None
-            t.recover_s = time.monotonic() - t0 if took is not None else float("nan")
+            # Recovered: the state is the fresh apply's and the restarted daemon has finished its first reconcile.
+            t.matches = took is not None and self.wait_reconciled()
+            t.recover_s = time.monotonic() - t0 if t.matches else float("nan")
             t.rss_kib_after = self.rss_kib()
             if before is not None and t.matches:
                 kept = self.steady_bytes()
