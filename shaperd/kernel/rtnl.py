@@ -31,6 +31,7 @@ NETLINK_ROUTE = 0
 RTM_GETLINK, RTM_GETROUTE, RTM_GETNEIGH = 18, 26, 30
 RTM_GETQDISC, RTM_GETTCLASS, RTM_GETTFILTER = 38, 42, 46
 DEFAULT_TIMEOUT_S = 5.0
+ANSWER_CAP_S = 300.0
 # A dump interrupted this many times in a row means the table changes faster than it can be read.
 DUMP_ATTEMPTS = 4
 # Pauses before reading an interrupted dump again.
@@ -81,11 +82,14 @@ class RtnlReader:
         req = nlmsg.header(nlmsg.HDR.size + len(body), mtype, nlmsg.NLM_F_REQUEST | flags, seq) + body
         plan = faults.ACTIVE
         fault = plan.reading(req, device) if plan is not None else None
-        deadline = time.monotonic() + self.timeout_s  # for the whole answer: trickling replies cannot stretch it
+        # Two deadlines: timeout_s without any datagram for this request (a kernel that stopped answering),
+        # and ANSWER_CAP_S for the whole answer (a dump of 50,000 filters on a loaded node takes seconds).
+        start = time.monotonic()
+        idle_until, cap = start + self.timeout_s, start + max(self.timeout_s, ANSWER_CAP_S)
         try:
             self.sock.send(req)
             while True:
-                left = deadline - time.monotonic()
+                left = min(idle_until, cap) - time.monotonic()
                 if left <= 0:
                     raise socket.timeout()
                 self.sock.settimeout(left)
@@ -101,6 +105,7 @@ class RtnlReader:
                 for m in nlmsg.messages(buf):
                     if m.seq != seq:
                         continue  # a late answer to an earlier request that timed out
+                    idle_until = time.monotonic() + self.timeout_s
                     mine.append(m)
                     if m.type == nlmsg.NLMSG_DONE or m.type == nlmsg.NLMSG_ERROR or not m.flags & nlmsg.NLM_F_MULTI:
                         last = True
