@@ -28,14 +28,17 @@ from .kill_trials import KillBed, write_atomically
 EVENTS_PER_DEVICE = 5
 
 
-def burst_lines(devices: int, peer: str) -> list[str]:
-    """``devices`` * 5 ip(8) commands: add, rename, up, down, then move (even) or delete (odd)."""
+def burst_lines(devices: int, peer: str, tag: int = 0) -> list[str]:
+    """``devices`` * 5 ip(8) commands: add, rename, up, down, then move (even) or delete (odd).
+
+    ``tag`` keeps the names of one burst apart from those a previous burst left (moved ends, peers)."""
     out = []
     for i in range(devices):
-        out += [f"link add chn{i} type veth peer name chq{i}", f"link set chn{i} name chr{i}", f"link set chr{i} up",
-                f"link set chr{i} down"]
+        n, q, r = f"c{tag}n{i}", f"c{tag}q{i}", f"c{tag}r{i}"
+        out += [f"link add {n} type veth peer name {q}", f"link set {n} name {r}", f"link set {r} up",
+                f"link set {r} down"]
     for i in range(devices):
-        out.append(f"link set chr{i} netns {peer}" if i % 2 == 0 else f"link del chr{i}")
+        out.append(f"link set c{tag}r{i} netns {peer}" if i % 2 == 0 else f"link del c{tag}r{i}")
     return out
 
 
@@ -103,7 +106,8 @@ def run_burst(bed: KillBed, devices: int = 200, stopped: bool = True, settle_s: 
     if stopped:
         os.kill(p.pid, signal.SIGSTOP)
     try:
-        netns.batch(bed.node, burst_lines(devices, bed.peer), timeout=300)
+        bed.bursts = getattr(bed, "bursts", 0) + 1
+        netns.batch(bed.node, burst_lines(devices, bed.peer, bed.bursts), timeout=300)
     finally:
         if stopped:
             os.kill(p.pid, signal.SIGCONT)

@@ -28,4 +28,4 @@ def test_a_burst_that_overflows_the_event_socket_costs_one_resync_and_ends_in_th
     assert res.overflows >= 1, res  # the daemon was stopped through the burst: events were lost, and it said so
     assert res.matches and res.changes_after == 0, res  # the uplink was never touched: nothing to write
     assert 1 <= res.resyncs <= 2, res  # one full resync (and at most one for events queued after the overflow)
-    assert not any(n.startswith("chr") for n in os.listdir("/sys/class/net"))  # the burst stayed in its namespace
+    assert not any(n.startswith("c1r") for n in os.listdir("/sys/class/net"))  # the burst stayed in its namespace
