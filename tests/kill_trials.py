@@ -100,6 +100,7 @@ class KillBed:
         self.cfg_a, self.cfg_b = config(tenants, prefixes_each, False), config(tenants, prefixes_each, True)
         self.daemon: subprocess.Popen | None = None
         self.logs = 0
+        self.resync_s = 5.0  # the daemon's periodic resync (the churn test sets it long, to count event resyncs)
 
     # -- set-up ------------------------------------------------------------------
     def build(self) -> "KillBed":
@@ -140,7 +141,7 @@ class KillBed:
         self.logs += 1
         log = open(self.work / f"daemon-{self.logs}.log", "w")
         self.daemon = self.nets.spawn([PY, "-m", "shaperd", "--log-json", "run", "--config", str(self.cfg_path),
-                                       "--metrics-address", "", "--no-kubernetes", "--resync-interval", "5"],
+                                       "--metrics-address", "", "--no-kubernetes", "--resync-interval", str(self.resync_s)],
                                       self.node, deadline_s=600, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         return self.daemon
