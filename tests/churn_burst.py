@@ -99,7 +99,7 @@ def run_burst(bed: KillBed, devices: int = 200, stopped: bool = True, settle_s: 
     bed.fresh_device()
     p = bed.start_daemon()
     log = bed.work / f"daemon-{bed.logs}.log"
-    if bed.wait_state(bed.ref_a) is None or quiet(log, 0, 60) is None:
+    if bed.wait_state(bed.ref_a) is None or not bed.wait_reconciled():
         raise RuntimeError("daemon did not reach state A")
     mark = len(log_events(log))
     rss0, cpu0 = rss_kib(p.pid), cpu_s(p.pid)
