@@ -1,7 +1,8 @@
-"""tc writes over netlink: one encoder per typed operation, executed through pyroute2.
+"""tc writes over netlink: one encoder per typed operation (pyroute2's message classes), sent by kernel/nlwriter.py.
 
-Writes go as one netlink batch and, if the batch fails, are replayed one by
-one by the engine (after a fresh read and diff) so each failure is
+Writes go in bounded, acked, deadlined batches (kernel/nlwriter.py: never
+more requests at once than the receive buffer holds acks for) and, if a
+write is refused, are replayed one by one by the engine (after a fresh read and diff) so each failure is
 attributed to its object while the others still land. An error is built by
 the operation itself ("verb object on device: cause"). Reads live in
 kernel/rtnl.py. This module knows how to write each object kind; which
