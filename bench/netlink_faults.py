@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     from shaperd.kernel.rtnl import RTM_GETTCLASS, RtnlReader
 
     log.configure(json=True, level="critical")
-    caps = probe_capabilities()
+    import dataclasses
+
+    caps = dataclasses.replace(probe_capabilities(), bpf_maps=False)  # the u32 path: all state is tc objects
     cfg = load_text(config_text())
     nets = netns.Namespaces(stop_grace_s=0)
     node = nets.add(f"shf{os.getpid() % 100000}")

@@ -38,6 +38,9 @@ from shaperd_bed import netns
 from .tc_state import snapshot
 
 PY = sys.executable
+# The u32 path: the write path these trials exercise, and one whose whole state is tc objects that the
+# snapshot compares (the eBPF map classifier's entries live in bpf maps, which it does not read).
+U32 = ["env", "SHAPERD_CLASSIFIER=u32"]
 CONVERGE_DEADLINE_S = 90.0
 NODE_SRC, PEER_DST = "198.18.0.1", "198.18.0.2"
 SENDER = r"""
@@ -122,7 +125,7 @@ class KillBed:
         netns.run(["tc", "qdisc", "del", "dev", "up0", "root"], self.ref, check=False)
         path = self.work / "ref.yaml"
         path.write_text(json.dumps(cfg))
-        netns.run([PY, "-m", "shaperd", "apply", "--config", str(path)], self.ref, timeout=300)
+        netns.run([*U32, PY, "-m", "shaperd", "apply", "--config", str(path)], self.ref, timeout=300)
         return snapshot(self.ref_reader, self._ifindex(self.ref_reader), "up0")
 
     @staticmethod
@@ -140,7 +143,7 @@ class KillBed:
     def start_daemon(self) -> subprocess.Popen:
         self.logs += 1
         log = open(self.work / f"daemon-{self.logs}.log", "w")
-        self.daemon = self.nets.spawn([PY, "-m", "shaperd", "--log-json", "run", "--config", str(self.cfg_path),
+        self.daemon = self.nets.spawn([*U32, PY, "-m", "shaperd", "--log-json", "run", "--config", str(self.cfg_path),
                                        "--metrics-address", "", "--no-kubernetes", "--resync-interval", str(self.resync_s)],
                                       self.node, deadline_s=600, stdout=log, stderr=subprocess.STDOUT)
         log.close()

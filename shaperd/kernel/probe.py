@@ -34,32 +34,68 @@ PROBE_TIMEOUT_S = 30.0
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def probe_capabilities(run_root: str = "/run") -> Capabilities:
+def default_qdisc(procfs_root: str = "/proc") -> str | None:
+    """net.core.default_qdisc: the kernel instantiates it on every new device, so it is built in or loadable."""
+    try:
+        with open(os.path.join(procfs_root, "sys", "net", "core", "default_qdisc")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def probe_capabilities(procfs_root: str = "/proc", run_root: str = "/run") -> Capabilities:
     sweep_stale(Path(run_root) / "netns")
     box: dict = {}
     t = threading.Thread(target=_in_own_netns, args=(box,), name="shaperd-probe", daemon=True)
     t.start()
     t.join(PROBE_TIMEOUT_S)
     if t.is_alive():
-        return _assumed(f"capability probe gave no answer within {PROBE_TIMEOUT_S:g} s")
+        return _assumed(f"capability probe gave no answer within {PROBE_TIMEOUT_S:g} s", procfs_root)
     if "error" in box:
         e = box["error"]
-        return _assumed(f"capability probe skipped ({getattr(e, 'strerror', None) or e})")
+        return _assumed(f"capability probe skipped ({getattr(e, 'strerror', None) or e})", procfs_root)
     return box["caps"]
 
 
-def _assumed(why: str) -> Capabilities:
-    # Not root, or no netns support: assume the common kernel set, say so.
-    return Capabilities(htb=True, u32=True, bpf=False, leaf_kinds=frozenset({"bfifo"}),
-                        notes=(f"{why}; assuming htb, u32, bfifo",))
+def _assumed(why: str, procfs_root: str) -> Capabilities:
+    """No throwaway namespace (no CAP_SYS_ADMIN: the DaemonSet and the systemd unit drop it, or no netns
+    support): assume the common kernel set and say so. Loading a do-nothing SCHED_CLS program touches no
+    device, so cls_bpf is still tested here rather than assumed missing."""
+    from . import bpf, bpf_classify
+
+    bpf_ok, bpf_why = bpf.bpf_supported()
+    # The map classifier: its maps made and its program loaded, not attached (no probe device).
+    maps_ok, maps_why = bpf_classify.probe_load() if bpf_ok else (False, "cls_bpf unavailable")
+    # fq_codel leaves when the node's default qdisc is fq_codel (systemd's default): it exists there.
+    leaf = {"bfifo"} | ({"fq_codel"} if default_qdisc(procfs_root) == "fq_codel" else set())
+    notes = [f"{why}; assuming htb, u32, {', '.join(sorted(leaf))}"]
+    if not bpf_ok:
+        notes.append(f"cls_bpf unavailable ({bpf_why}): match.interfaces cannot be enforced")
+    maps_ok = _classifier_note(maps_ok, maps_why, notes)
+    return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, leaf_kinds=frozenset(leaf),
+                        notes=tuple(notes))
+
+
+def _classifier_note(maps_ok: bool, maps_why: str, notes: list[str]) -> bool:
+    if os.environ.get("SHAPERD_CLASSIFIER", "") == "u32" and maps_ok:
+        notes.append("classifier: u32 path (SHAPERD_CLASSIFIER=u32)")
+        return False
+    if not maps_ok:
+        notes.append(f"eBPF map classifier unavailable ({maps_why}): classifying with u32 filters")
+    return maps_ok
+
+
+def unshare_netns() -> None:
+    """Move the calling thread (only it) into a new, unnamed network namespace (tests replace this)."""
+    if _libc.unshare(CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def _in_own_netns(box: dict) -> None:
-    """On the helper thread: move it (only it) into a new, unnamed network namespace, then probe."""
+    """On the helper thread: into a namespace of its own, then probe."""
     try:
-        if _libc.unshare(CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
+        unshare_netns()
         box["caps"] = _probe()
     except Exception as e:  # noqa: BLE001 - reported as a degraded probe, never a crash at start
         box["error"] = e
@@ -82,14 +118,17 @@ def _probe() -> Capabilities:
                 leaf.add(kind)
         u32 = _try(lambda: ipr.tc("add-filter", "u32", idx, parent=0x10000, prio=1, protocol=0x0800,
                                   target=0x10002, keys=["0xc6120000/0xffff0000+12"]))
-    from . import bpf
+        from . import bpf, bpf_classify
 
-    bpf_ok, why = bpf.bpf_supported()
+        bpf_ok, why = bpf.bpf_supported()
+        maps_ok, maps_why = bpf_classify.probe(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
     if not bpf_ok:
         notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
+    maps_ok = _classifier_note(maps_ok, maps_why, notes)
     if "fq_codel" not in leaf:
         notes.append("fq_codel missing: leaf queues are bfifo sized in time at the class ceiling")
-    return Capabilities(htb=True, u32=u32, bpf=bpf_ok, leaf_kinds=frozenset(leaf), notes=tuple(notes))
+    return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, leaf_kinds=frozenset(leaf),
+                        notes=tuple(notes))
 
 
 def sweep_stale(netns_dir: Path) -> list[str]:

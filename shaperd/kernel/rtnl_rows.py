@@ -29,7 +29,7 @@ TCA_STATS_BASIC, TCA_STATS_QUEUE, TCA_STATS_APP = 1, 3, 4
 TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
 TCA_FQ_CODEL_LIMIT = 2
 TCA_U32_CLASSID, TCA_U32_DIVISOR, TCA_U32_SEL, TCA_U32_MARK = 1, 4, 5, 10
-TCA_BPF_CLASSID, TCA_BPF_NAME = 3, 7
+TCA_BPF_CLASSID, TCA_BPF_NAME, TCA_BPF_ID = 3, 7, 11
 TC_H_ROOT = 0xFFFFFFFF
 
 _BASIC = struct.Struct("=QI")  # bytes, packets
@@ -119,6 +119,7 @@ class FilterRow(NamedTuple):
     keys: tuple[U32KeyRow, ...] = ()  # u32, by offset
     name: str = ""  # bpf program name
     mark: tuple[int, int] | None = None  # u32 mark match (value, mask)
+    prog_id: int = 0  # bpf: TCA_BPF_ID, the attached program's id (adoption of its maps)
 
 
 def link(buf: bytes, m: Message) -> LinkRow:
@@ -243,5 +244,6 @@ def tc_filter(buf: bytes, m: Message) -> FilterRow | None:
         return FilterRow(**base, classid=u32(buf, o.get(TCA_U32_CLASSID)),
                          keys=tuple(sorted(keys, key=lambda k: k.offset)), mark=mark)
     if kind == "bpf":
-        return FilterRow(**base, classid=u32(buf, o.get(TCA_BPF_CLASSID)), name=string(buf, o.get(TCA_BPF_NAME)))
+        return FilterRow(**base, classid=u32(buf, o.get(TCA_BPF_CLASSID)), name=string(buf, o.get(TCA_BPF_NAME)),
+                         prog_id=u32(buf, o.get(TCA_BPF_ID)))
     return FilterRow(**base)

@@ -8,6 +8,7 @@ read "verb object on device: cause", and up2 must be enforced throughout.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 
 import pytest
@@ -36,7 +37,8 @@ tenants:
 @pytest.fixture
 def node(bed):
     netns.veth("up2", bed.node, "up3", bed.node)
-    caps = probe_capabilities()
+    # The u32 path (the bounded writer's bulk); the eBPF map classifier's entries are bpf maps, not tc.
+    caps = dataclasses.replace(probe_capabilities(), bpf_maps=False)
     writer, reader = tc.open_writer(bed.node), RtnlReader(bed.node, timeout_s=1.0)
     writer.nl.timeout_s = 1.0  # a silent kernel costs 1 s here, not the production 5 s
     rec = Reconciler(reader, default_backends(writer), caps)
