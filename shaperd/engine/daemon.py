@@ -346,6 +346,9 @@ class Daemon:
         self._observe(rep, ok=not failed, drift=drift)
         if failed:
             self.failures += 1
+            if not _worth_retrying(rep):  # EPERM, EINVAL: asking again soon changes nothing; the resync will
+                self.log.warning("reconcile failed permanently; not retried before the next trigger or resync")
+                return None
             return time.monotonic() + RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
         self.failures = 0
         self.applied_gen = gen
@@ -415,6 +418,13 @@ class Daemon:
         inv = getattr(rep, "inventory", None)
         if self.sm_checker is not None and self.config is not None and inv is not None:
             self.sm_checker.set_inputs(self.config, inv, rdma_plan_of(self.config, rep))
+
+
+def _worth_retrying(rep) -> bool:
+    """A failed reconcile is retried with backoff unless every failure is a permanent kernel refusal."""
+    if any(d.error for d in rep.devices):
+        return True  # a device that could not be read (a timeout, an interrupted dump): transient
+    return any(err.transient for d in rep.devices for _op, err in d.failed)
 
 
 def rdma_plan_of(cfg, rep):
