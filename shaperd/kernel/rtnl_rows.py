@@ -22,6 +22,7 @@ RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, pro
 NDMSG = struct.Struct("=BBHiHBB")  # family, pad1, pad2, ifindex, state, flags, type
 
 IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_INFO_KIND = 3, 4, 18, 1
+IFLA_NUM_TX_QUEUES = 31
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_MULTIPATH, RTA_TABLE, RTA_VIA = 1, 4, 5, 6, 9, 15, 18
 NDA_DST, NDA_LLADDR, NDA_MASTER = 1, 2, 9
 TCA_KIND, TCA_OPTIONS, TCA_STATS2 = 1, 2, 7
@@ -47,6 +48,7 @@ class LinkRow(NamedTuple):
     kind: str  # IFLA_INFO_KIND: "veth", "bridge", "" for a physical NIC
     mtu: int
     up: bool  # administratively up (IFF_UP)
+    tx_queues: int = 1  # IFLA_NUM_TX_QUEUES: how many children mq gives the device
 
 
 class RouteRow(NamedTuple):
@@ -126,7 +128,8 @@ def link(buf: bytes, m: Message) -> LinkRow:
     a = attrs(buf, m.start + IFINFOMSG.size, m.end)
     kind = string(buf, attrs(buf, *a[IFLA_LINKINFO]).get(IFLA_INFO_KIND)) if IFLA_LINKINFO in a else ""
     return LinkRow(ifindex=index, name=string(buf, a.get(IFLA_IFNAME)), kind=kind,
-                   mtu=u32(buf, a.get(IFLA_MTU), 1500), up=bool(flags & 1))
+                   mtu=u32(buf, a.get(IFLA_MTU), 1500), up=bool(flags & 1),
+                   tx_queues=u32(buf, a.get(IFLA_NUM_TX_QUEUES), 1))
 
 
 def route(buf: bytes, m: Message) -> RouteRow:
