@@ -1,0 +1,89 @@
+"""Crafted packets through the EDT stamper with BPF_PROG_TEST_RUN: what each case returns and stamps.
+
+Shared by the host's integration test (tests/integration/test_edt_stamper.py)
+and the QEMU guest (tests/kernel/guest_probe.py, on Debian's 6.1 kernel), so
+both kernels are judged by the same expectations (``EXPECTED``). Setting
+skb->tstamp in the context to a far-future T makes "now" = T (the program
+takes max(ktime, skb->tstamp)), so the stamps are exact, not timing-dependent.
+"""
+
+from __future__ import annotations
+
+import time
+
+T = 10**15  # ns; far beyond CLOCK_MONOTONIC on any test machine
+HORIZON_NS = 2_000_000_000
+TENANT, OTHER, DEFAULT = 0x10, 0x20, 0x2
+NS_PER_BYTE = {TENANT: 8000, DEFAULT: 800}  # 1 Mbit/s and 10 Mbit/s
+FRAME = bytes(14) + bytes(986)  # 1000 bytes on the wire
+
+# case -> (retval, stamp - T or None for "unchanged" (== T), clock of TENANT - T afterwards or None)
+EXPECTED = {
+    "first": (0, 8_000_000, 8_000_000),
+    "second": (0, 16_000_000, 16_000_000),
+    "clock_ahead": (0, 500_000_000 + 8_000_000, 508_000_000),
+    "beyond_horizon": (2, 0, 1_995_000_000),
+    "no_tenant": (0, 800_000, None),
+    "foreign_major": (0, 1_600_000, None),
+    "no_rate_set": (0, 0, None),
+}
+
+
+def run_cases() -> dict:
+    from shaperd.kernel import bpf_maps, edt_prog
+
+    out: dict = {"cases": {}}
+    with edt_prog.create_maps() as maps:
+        fd = edt_prog.load(maps, HORIZON_NS)
+        try:
+            maps.write_rates({k: v << 16 for k, v in NS_PER_BYTE.items()})
+
+            def run(name, priority, clock=None):
+                if clock is not None:
+                    maps.set_clock(TENANT, clock)
+                r = bpf_maps.test_run(fd, FRAME, bpf_maps.SkBuff(priority=priority, tstamp=T))
+                out["cases"][name] = [r.retval, r.ctx_out.tstamp - T, maps.read_clock(TENANT) - T
+                                      if priority == 0x73680000 | TENANT else None]
+
+            run("first", 0x73680000 | TENANT)
+            run("second", 0x73680000 | TENANT)
+            run("clock_ahead", 0x73680000 | TENANT, clock=T + 500_000_000)
+            run("beyond_horizon", 0x73680000 | TENANT, clock=T + 1_995_000_000)
+            run("no_tenant", 0)
+            run("foreign_major", 0x00010010)
+            run("no_rate_set", 0x73680000 | OTHER)
+            # Without a stamp from the socket, "now" is CLOCK_MONOTONIC (the clock sch_fq compares with).
+            maps.set_clock(TENANT, 0)
+            before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            r = bpf_maps.test_run(fd, FRAME, bpf_maps.SkBuff(priority=0x73680000 | TENANT))
+            after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            out["monotonic"] = [before + 8_000_000 <= r.ctx_out.tstamp <= after + 8_000_000, r.retval]
+            out["stats"] = {k: list(v) for k, v in maps.read_stats().items()}
+            # Cost per packet as the kernel measures it (mean of repeat runs): reported, never asserted.
+            maps.set_clock(TENANT, 0)
+            out["ns_per_run"] = bpf_maps.test_run(fd, FRAME, bpf_maps.SkBuff(priority=0x73680000 | TENANT),
+                                                  repeat=10000).duration_ns
+            out["insns"] = len(edt_prog.stamper(maps.rates.fd, maps.clocks.fd, maps.stats.fd, HORIZON_NS)) // 8
+        finally:
+            import os
+
+            os.close(fd)
+    return out
+
+
+def problems(result: dict) -> list[str]:
+    """Every way ``result`` (from run_cases) differs from the expectations; empty = all hold."""
+    bad = []
+    for name, want in EXPECTED.items():
+        got = result["cases"].get(name)
+        if got is None or list(want) != list(got):
+            bad.append(f"{name}: want (retval, stamp-T, clock-T) {want}, got {got}")
+    if result.get("monotonic") != [True, 0]:
+        bad.append(f"stamp from CLOCK_MONOTONIC + delay: {result.get('monotonic')}")
+    stats = {int(k): v for k, v in result.get("stats", {}).items()}
+    # TENANT: first, second, clock_ahead, monotonic passed (4000 B), beyond_horizon dropped.
+    if stats.get(TENANT) != [4000, 4, 1]:
+        bad.append(f"stats of the tenant: want [4000, 4, 1], got {stats.get(TENANT)}")
+    if stats.get(DEFAULT) != [2000, 2, 0] or stats.get(OTHER) != [1000, 1, 0]:
+        bad.append(f"stats of default/other: {stats.get(DEFAULT)} {stats.get(OTHER)}")
+    return bad
