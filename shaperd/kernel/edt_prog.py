@@ -37,13 +37,12 @@ both are 64 Ki-entry arrays (512 KiB each) and need no per-tenant setup.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from dataclasses import dataclass
 
 from . import bpf, bpf_maps
-from ..backends.edt.objects import DEFAULT_KEY, KEY_SPACE, STATS_MAX_ENTRIES, Stats
+from ..backends.edt.objects import DEFAULT_KEY, KEY_SPACE, STATS_MAX_ENTRIES, Stats, stamper_name
 
 # struct __sk_buff offsets, from the one ctypes layout (kernel/bpf_maps.py).
 OFF_LEN = bpf_maps.SkBuff.len.offset
@@ -228,12 +227,6 @@ def _emit_count(a: _Asm, stats_fd: int, kind: str) -> None:
 # ------------------------------------------------------------------ objects
 
 
-def program_name(horizon_ns: int) -> str:
-    """'shpe_' + 10 hex of the program's parameters and version (BPF_OBJ_NAME_LEN; the filter's TCA_BPF_NAME)."""
-    h = hashlib.sha256(b"shaperd-edt-stamper-v1\0" + struct.pack("<Q", horizon_ns)).hexdigest()[:10]
-    return "shpe_" + h
-
-
 @dataclass
 class StamperMaps:
     """The three maps of one stamper (own their fds)."""
@@ -328,5 +321,18 @@ def adopt_maps(prog_id: int) -> StamperMaps:
 
 def load(maps: StamperMaps, horizon_ns: int) -> int:
     """Load the stamper against ``maps``; returns the program fd (the caller closes it once attached)."""
-    name = program_name(horizon_ns)
+    name = stamper_name(horizon_ns)
     return bpf.load_sched_cls(stamper(maps.rates.fd, maps.clocks.fd, maps.stats.fd, horizon_ns), name)
+
+
+def load_fresh(horizon_ns: int, initial_q16: dict[int, int]) -> int:
+    """New maps with the first rates written, and the stamper loaded against them; returns the program fd.
+
+    The map fds are closed before returning: the loaded program holds the
+    maps, and the controller finds them again from the attached filter's
+    program id (``adopt_maps``).
+    """
+    with create_maps() as maps:
+        if initial_q16:
+            maps.write_rates(initial_q16)
+        return load(maps, horizon_ns)

@@ -45,6 +45,7 @@ def probe_capabilities() -> Capabilities:
                     leaf.add(kind)
             u32 = _try(lambda: ipr.tc("add-filter", "u32", idx, parent=0x10000, prio=1, protocol=0x0800,
                                       target=0x10002, keys=["0xc6120000/0xffff0000+12"]))
+            edt_fq, edt_mq = _edt_qdiscs(ipr)
         from . import bpf
 
         bpf_ok, why = bpf.bpf_supported()
@@ -52,12 +53,30 @@ def probe_capabilities() -> Capabilities:
             notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
         if "fq_codel" not in leaf:
             notes.append("fq_codel missing: leaf queues are bfifo sized in time at the class ceiling")
-        return Capabilities(htb=True, u32=u32, bpf=bpf_ok, leaf_kinds=frozenset(leaf), notes=tuple(notes))
+        if not edt_fq:
+            notes.append("edt unavailable: sch_fq missing (node.dataplane edt/auto fall back to htb)")
+        elif not edt_mq:
+            notes.append("edt unavailable: mq missing (node.dataplane edt/auto fall back to htb)")
+        return Capabilities(htb=True, u32=u32, bpf=bpf_ok, leaf_kinds=frozenset(leaf), notes=tuple(notes),
+                            fq=edt_fq, mq=edt_mq)
     finally:
         try:
             netns.remove(name)
         except OSError:
             pass
+
+
+def _edt_qdiscs(ipr: IPRoute) -> tuple[bool, bool]:
+    """(sch_fq, mq) on a veth with 4 TX queues in the probe namespace: what the edt data plane needs."""
+    ipr.link("add", ifname="q0", kind="veth", peer={"ifname": "q1", "num_tx_queues": 4}, num_tx_queues=4)
+    idx = ipr.link_lookup(ifname="q0")[0]
+    mq = _try(lambda: ipr.tc("replace", "mq", idx, 0x73650000))
+    fq = False
+    if mq:
+        fq = _try(lambda: ipr.tc("replace", "fq", idx, 0x80010000, parent=0x73650001))
+    else:
+        fq = _try(lambda: ipr.tc("replace", "fq", idx, 0x73650000))
+    return fq, mq
 
 
 def _try(fn) -> bool:

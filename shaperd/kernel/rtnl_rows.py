@@ -31,6 +31,8 @@ TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
 TCA_FQ_CODEL_LIMIT = 2
 TCA_U32_CLASSID, TCA_U32_DIVISOR, TCA_U32_SEL, TCA_U32_MARK = 1, 4, 5, 10
 TCA_BPF_CLASSID, TCA_BPF_NAME = 3, 7
+TCA_BPF_ID = 11
+TCA_FQ_PLIMIT, TCA_FQ_FLOW_PLIMIT, TCA_FQ_HORIZON, TCA_FQ_HORIZON_DROP = 1, 2, 14, 15
 TC_H_ROOT = 0xFFFFFFFF
 
 _BASIC = struct.Struct("=QI")  # bytes, packets
@@ -77,6 +79,8 @@ class QdiscRow(NamedTuple):
     kind: str
     limit: int = 0  # bfifo/pfifo (bytes/packets) and fq_codel (packets)
     default_minor: int = 0  # htb: the default class
+    # sch_fq: (limit, flow_limit, horizon_us, horizon_drop), the edt backend's sizing; None for other kinds.
+    fq: tuple[int, int, int, int] | None = None
 
 
 class HtbClassRow(NamedTuple):
@@ -121,6 +125,7 @@ class FilterRow(NamedTuple):
     keys: tuple[U32KeyRow, ...] = ()  # u32, by offset
     name: str = ""  # bpf program name
     mark: tuple[int, int] | None = None  # u32 mark match (value, mask)
+    prog_id: int = 0  # bpf: TCA_BPF_ID, the attached program (its maps are found from it)
 
 
 def link(buf: bytes, m: Message) -> LinkRow:
@@ -174,6 +179,7 @@ def qdisc(buf: bytes, m: Message) -> QdiscRow:
     a = attrs(buf, m.start + TCMSG.size, m.end)
     kind = string(buf, a.get(TCA_KIND))
     limit = default_minor = 0
+    fq = None
     if TCA_OPTIONS in a:
         s, e = a[TCA_OPTIONS]
         if kind in ("bfifo", "pfifo") and e - s >= 4:
@@ -184,7 +190,13 @@ def qdisc(buf: bytes, m: Message) -> QdiscRow:
             o = attrs(buf, s, e)
             if TCA_HTB_INIT in o:
                 default_minor = U32.unpack_from(buf, o[TCA_HTB_INIT][0] + 8)[0]  # tc_htb_glob.defcls
-    return QdiscRow(ifindex=index, handle=handle, parent=parent, kind=kind, limit=limit, default_minor=default_minor)
+        elif kind == "fq":
+            o = attrs(buf, s, e)
+            drop = buf[o[TCA_FQ_HORIZON_DROP][0]] if TCA_FQ_HORIZON_DROP in o else 0  # a u8
+            fq = (u32(buf, o.get(TCA_FQ_PLIMIT)), u32(buf, o.get(TCA_FQ_FLOW_PLIMIT)), u32(buf, o.get(TCA_FQ_HORIZON)),
+                  drop)
+    return QdiscRow(ifindex=index, handle=handle, parent=parent, kind=kind, limit=limit, default_minor=default_minor,
+                    fq=fq)
 
 
 def htb_class(buf: bytes, m: Message) -> HtbClassRow | None:
@@ -246,5 +258,6 @@ def tc_filter(buf: bytes, m: Message) -> FilterRow | None:
         return FilterRow(**base, classid=u32(buf, o.get(TCA_U32_CLASSID)),
                          keys=tuple(sorted(keys, key=lambda k: k.offset)), mark=mark)
     if kind == "bpf":
-        return FilterRow(**base, classid=u32(buf, o.get(TCA_BPF_CLASSID)), name=string(buf, o.get(TCA_BPF_NAME)))
+        return FilterRow(**base, classid=u32(buf, o.get(TCA_BPF_CLASSID)), name=string(buf, o.get(TCA_BPF_NAME)),
+                         prog_id=u32(buf, o.get(TCA_BPF_ID)))
     return FilterRow(**base)

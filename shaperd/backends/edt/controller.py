@@ -51,6 +51,11 @@ class Share:
     priority: int = 0
 
 
+def ns_per_byte_q16(rate_bps: int) -> int:
+    """The stamper's rate unit: nanoseconds per byte in 16.16 fixed point (8e9 / rate, times 65536), at least 1."""
+    return max(1, (8 * 1_000_000_000 << 16) // max(rate_bps, 1))
+
+
 def _want(s: Share, demand: int, capacity_bps: int) -> int:
     return max(0, min(demand, s.limit_bps, capacity_bps))
 

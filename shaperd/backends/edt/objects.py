@@ -7,6 +7,8 @@ shared by the kernel side (kernel/edt_prog.py) and the controller. Pure.
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -24,6 +26,14 @@ STAMPER_HANDLE = 1
 DEFAULT_KEY = DEFAULT_CLASS_MINOR
 KEY_SPACE = 1 << 16
 STATS_MAX_ENTRIES = 4096
+
+
+def stamper_name(horizon_ns: int) -> str:
+    """'shpe_' + 10 hex of the program's version and parameters: BPF_OBJ_NAME_LEN, and the filter's TCA_BPF_NAME.
+
+    A new program version or horizon gives a new name, so the diff re-attaches."""
+    h = hashlib.sha256(b"shaperd-edt-stamper-v1\0" + struct.pack("<Q", horizon_ns)).hexdigest()[:10]
+    return "shpe_" + h
 
 
 class Stats(NamedTuple):
