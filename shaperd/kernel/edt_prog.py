@@ -336,3 +336,13 @@ def load_fresh(horizon_ns: int, initial_q16: dict[int, int]) -> int:
         if initial_q16:
             maps.write_rates(initial_q16)
         return load(maps, horizon_ns)
+
+
+def open_for_device(reader, ifindex: int, device: str, name: str) -> StamperMaps:
+    """The maps of the stamper ``name`` attached on ``device``'s clsact egress (filter dump -> program id -> maps)."""
+    from ..backends.edt.objects import PRIO_STAMPER
+
+    for f in reader.filters(ifindex, 0xFFFFFFF3, device):
+        if f.kind == "bpf" and f.prio == PRIO_STAMPER and f.name == name and f.prog_id:
+            return adopt_maps(f.prog_id)
+    raise bpf_maps.BpfMapError(f"find edt stamper {name} on {device}: not attached (clsact egress prio {PRIO_STAMPER})")
