@@ -46,6 +46,10 @@ def probe_capabilities() -> Capabilities:
             u32 = _try(lambda: ipr.tc("add-filter", "u32", idx, parent=0x10000, prio=1, protocol=0x0800,
                                       target=0x10002, keys=["0xc6120000/0xffff0000+12"]))
             edt_fq, edt_mq = _edt_qdiscs(ipr)
+            idx_off = ipr.link_lookup(ifname="q1")[0]
+            _off_ok, off_why = htb_offload(ipr, idx_off, "veth")
+            if not _off_ok:
+                notes.append(f"{off_why} (probe): HTB offload is decided per device (backends/htb/offload.py)")
         from . import bpf
 
         bpf_ok, why = bpf.bpf_supported()
@@ -64,6 +68,20 @@ def probe_capabilities() -> Capabilities:
             netns.remove(name)
         except OSError:
             pass
+
+
+def htb_offload(ipr: IPRoute, ifindex: int, device: str) -> tuple[bool, str]:
+    """Try ``htb offload`` as the root of ``device`` (a probe veth: never a node's device). (ok, why not)."""
+    from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
+
+    msg = _tc._msg(RTM_NEWQDISC, _tc._F_PUT, ifindex, 0x10000, TC_H_ROOT, kind="htb",
+                   options={"attrs": [*_tc._htb_init(2)["attrs"], ["TCA_HTB_OFFLOAD", ""]]})
+    try:
+        ipr.nlm_request_batch([msg])
+    except NetlinkError as e:
+        return False, f"htb offload on {device}: {os.strerror(e.code)}"
+    ipr.tc("del", index=ifindex, handle=0x10000, parent=0xFFFFFFFF)
+    return True, ""
 
 
 def _edt_qdiscs(ipr: IPRoute) -> tuple[bool, bool]:
