@@ -31,9 +31,11 @@ class LoopSettings:
 class EdtLoop(Periodic):
     thread_name = "shaperd-edt-rates"
 
-    def __init__(self, open_maps, clock=time.monotonic, settings: LoopSettings = LoopSettings()):
+    def __init__(self, open_maps, clock=time.monotonic, settings: LoopSettings = LoopSettings(),
+                 mono_ns=lambda: time.clock_gettime_ns(time.CLOCK_MONOTONIC)):
         self.open_maps = open_maps
         self.clock = clock
+        self.mono_ns = mono_ns  # the stamper's clock (bpf_ktime_get_ns), for the backlog test
         self.settings = settings
         self.log = log.get("shaperd.edt")
         self._stop = threading.Event()
@@ -85,8 +87,13 @@ class EdtLoop(Periodic):
         if maps is None:
             maps = self._maps[dev] = self.open_maps(dp)
         totals = {k: s.bytes for k, s in maps.read_stats().items()}
-        st = controller.step(dp.capacity_bps, controller_shares(dp), self._state.get(dev, controller.State()),
-                             self.clock(), totals)
+        shares = controller_shares(dp)
+        # Backlog: the tenant's departure clock is ahead of now (same CLOCK_MONOTONIC as bpf_ktime_get_ns).
+        clocks = maps.read_clocks([s.key for s in shares])
+        now_ns = self.mono_ns()
+        backlogged = frozenset(k for k, c in clocks.items() if c > now_ns)
+        st = controller.step(dp.capacity_bps, shares, self._state.get(dev, controller.State()), self.clock(), totals,
+                             backlogged)
         self._state[dev] = st
         q16 = {k: controller.ns_per_byte_q16(r) for k, r in st.rates_bps.items()}
         last = self._written.setdefault(dev, {})

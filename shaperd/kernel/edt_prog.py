@@ -269,6 +269,10 @@ class StamperMaps:
             out[struct.unpack("<I", k)[0]] = Stats(b, p, d)
         return out
 
+    def read_clocks(self, keys) -> dict[int, int]:
+        """key -> the tenant's next departure time (ns, CLOCK_MONOTONIC): ahead of now = backlogged."""
+        return {k: self.read_clock(k) for k in keys}
+
     def read_clock(self, key: int) -> int:
         v = self.clocks.lookup(_key(key))
         return struct.unpack("<Q", v)[0] if v is not None else 0

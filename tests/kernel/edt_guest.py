@@ -266,13 +266,15 @@ def isolation(bed: Bed, cfg, rec, dataplane: str, alone_s: float = 3.0, both_s: 
     g = {p: {int(k): v for k, v in b.items()} for p, b in res["bins"].items()}
     gold, bronze = g.get(str(GOLD["port"]), {}), g.get(str(BRONZE["port"]), {})
     cap = CAPACITY_MBIT
-    # Convergence: from gold's start to the first 100 ms bin after which gold holds >= 98 % of its guarantee.
+    # Convergence: from gold's start to the end of the first 300 ms window after which every trailing 300 ms
+    # window holds >= 98 % of gold's guarantee (one 100 ms bin is a few 32 KB datagrams: too coarse alone).
     want = GOLD["g"] * cap * 0.98
     series = [gold.get(i, 0) * 8 / BIN_S / 1e6 for i in range(round(alone_s / BIN_S), round(end / BIN_S))]
+    avg = [sum(series[i - 2:i + 1]) / 3 for i in range(2, len(series))]
     conv = None
-    for i in range(len(series)):
-        if all(v >= want for v in series[i:]):
-            conv = i * BIN_S + BIN_S
+    for i in range(len(avg)):
+        if all(v >= want for v in avg[i:]):
+            conv = (i + 3) * BIN_S
             break
     settle = 1.0
     out = {

@@ -1,5 +1,6 @@
 """The edt rate controller as a pure function: properties over random tenants and demands (hypothesis)."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -100,19 +101,21 @@ def test_demand_of_a_saturated_tenant_grows_and_an_unsaturated_one_is_its_own():
     assert estimate_demand(60 * G, 60 * G, 80 * G, 100 * G) == 80 * G
 
 
-def test_step_converges_to_capacity_within_the_documented_bound():
-    """One tenant alone (1 % guarantee) reaches the spare capacity in <= 7 steps; then a waking one gets its guarantee."""
+@pytest.mark.parametrize("backlog, bound", [(True, 7), (False, 12)])
+def test_step_converges_to_capacity_within_the_documented_bound(backlog, bound):
+    """One tenant alone (1 % guarantee) reaches the spare capacity in <= 7 steps with the backlog signal
+    (<= 12 from counters alone); the idle tenant's guarantee stays open meanwhile."""
     cap = 10 * G
     shares = [Share(1, cap // 100, cap, 10), Share(2, cap // 2, cap, 10)]
     s = step(cap, shares, State(), 0.0, {1: 0, 2: 0})
     sent = {1: 0, 2: 0}
     t = 0.0
-    for n in range(1, 9):
+    for n in range(1, 2 * bound):
         t += 0.02
         # tenant 1 sends as fast as its rate allows, tenant 2 is idle
         sent[1] += s.rates_bps[1] * 0.02 / 8
-        s = step(cap, shares, s, t, dict(sent))
+        s = step(cap, shares, s, t, dict(sent), frozenset({1}) if backlog else frozenset())
         if s.rates_bps[1] >= cap - cap // 2 - 1:  # all but the idle tenant's headroom
             break
-    assert n <= 7, s.rates_bps
+    assert n <= bound, (n, s.rates_bps)
     assert s.rates_bps[2] >= cap // 2  # the idle tenant's guarantee is held open

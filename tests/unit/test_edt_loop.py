@@ -14,6 +14,7 @@ G = 1_000_000_000
 class FakeMaps:
     def __init__(self):
         self.bytes: dict[int, int] = {}
+        self.clocks: dict[int, int] = {}
         self.rates: dict[int, int] = {}
         self.calls = 0
         self.closed = False
@@ -23,6 +24,9 @@ class FakeMaps:
         if self.fail:
             raise OSError("map gone")
         return {k: Stats(b, 0, 0) for k, b in self.bytes.items()}
+
+    def read_clocks(self, keys):
+        return {k: self.clocks.get(k, 0) for k in keys}
 
     def write_rates(self, q16):
         self.rates.update(q16)
@@ -57,8 +61,8 @@ def test_steps_write_changed_rates_only_and_follow_demand():
     loop.sample_once()
     maps = made[0]
     assert set(maps.rates) == {DEFAULT_KEY, a, b} and maps.calls == 1
-    # b alone sends at its full rate for 10 steps of 20 ms: it borrows the spare, a keeps its guarantee open.
-    for _ in range(10):
+    # b alone sends at its full rate for 20 steps of 20 ms: it borrows the spare, a keeps its guarantee open.
+    for _ in range(20):
         now[0] += 0.02
         maps.bytes[b] = maps.bytes.get(b, 0) + loop.rates("eth0")[b] * 0.02 / 8
         loop.sample_once()

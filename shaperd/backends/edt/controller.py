@@ -2,10 +2,11 @@
 
 One step (every ``interval_s``, 10-50 ms; shaperd/engine/edt_loop.py runs it):
 
-1. measured rate per tenant = bytes counted by the stamper since the last
-   step / elapsed time (the clock is the caller's);
-2. demand: a tenant sending at >= ``SATURATED`` of the rate it was given is
-   pressing against it, so its demand is estimated at twice what it sent
+1. measured rate per tenant = bytes counted by the stamper over the last
+   ``WINDOW_S`` (100 ms, several steps) / elapsed time (the clock is the caller's);
+2. demand: a tenant that is backlogged (its stamper clock is ahead of now:
+   packets wait for their departure time) or sends at >= ``SATURATED`` of its
+   rate is pressing against it, so its demand is estimated at twice that
    (plus 1/32 of capacity, so a small tenant ramps fast), capped at its
    limit; a tenant below that sends what it wants: demand = measured + 10 %;
 3. ``allocate``: each tenant first gets min(demand, guarantee); the spare
@@ -18,11 +19,12 @@ One step (every ``interval_s``, 10-50 ms; shaperd/engine/edt_loop.py runs it):
    its guarantee at once, before the next step has seen it;
 5. the caller writes the rates into the stamper's map.
 
-Convergence: a saturated tenant's estimate at least doubles per step, so a
-tenant goes from its guarantee g to a spare capacity S in at most
+Convergence: a backlogged tenant's estimate doubles per step from the rate
+it has, so it goes from its guarantee g to a spare capacity S in at most
 ceil(log2(S / g)) steps, and in at most 32 steps whatever g (the additive
 1/32 of capacity); with 20 ms steps and g >= 1 % of capacity that is at most
-7 steps, 140 ms. A tenant that stops is seen at the next step: its
+7 steps, 140 ms. From the byte counters alone (no backlog signal) the
+100 ms window lags the rate: 11 steps (220 ms) for g = 1 % (the unit test). A tenant that stops is seen at the next step: its
 allocation falls to its measured rate + 10 % and the others take the rest one
 step later. The allocation is a pure function of (capacity, shares, demands):
 same inputs, same rates, in any order of tenants.
@@ -121,43 +123,72 @@ def rates(shares: list[Share] | tuple[Share, ...], alloc: Mapping[int, int]) -> 
     return {s.key: max(1, min(s.limit_bps, max(alloc.get(s.key, 0), s.guarantee_bps))) for s in shares}
 
 
-def estimate_demand(measured_bps: int, rate_bps: int, limit_bps: int, capacity_bps: int) -> int:
-    """What a tenant would send if it could: see the module docstring, step 2."""
-    if rate_bps > 0 and measured_bps >= SATURATED * rate_bps:
-        return min(limit_bps, max(GROWTH * measured_bps, measured_bps + capacity_bps // GROWTH_CAPACITY_DIVISOR))
+def estimate_demand(measured_bps: int, rate_bps: int, limit_bps: int, capacity_bps: int,
+                    backlogged: bool = False, current_bps: int | None = None) -> int:
+    """What a tenant would send if it could: see the module docstring, step 2.
+
+    ``backlogged``: the tenant's clock in the stamper is ahead of now, i.e. it has packets waiting for their
+    departure time: it is held back by its rate whatever the (quantised) byte count of one window says, so
+    it grows from the rate it has now (``current_bps``), not from the lagging measurement.
+    """
+    if backlogged or (rate_bps > 0 and measured_bps >= SATURATED * rate_bps):
+        base = max(measured_bps, current_bps if current_bps is not None else rate_bps) if backlogged else measured_bps
+        return min(limit_bps, max(GROWTH * base, base + capacity_bps // GROWTH_CAPACITY_DIVISOR))
     return min(limit_bps, measured_bps + measured_bps * UNSATURATED_MARGIN // 100)
+
+
+# The measured rate is over the last WINDOW_S at least (several steps): at low rates a 20 ms step sees
+# zero or one large packet, which would make the demand estimate flap.
+WINDOW_S = 0.1
+HISTORY = 16
 
 
 @dataclass(frozen=True)
 class State:
-    """What one step leaves for the next: when, the byte totals then, and the rates written."""
+    """What one step leaves for the next: recent (time, byte totals) samples and the rates written."""
 
     at_s: float | None = None
     bytes_total: Mapping[int, int] = field(default_factory=dict)
     rates_bps: Mapping[int, int] = field(default_factory=dict)
     measured_bps: Mapping[int, int] = field(default_factory=dict)
+    # (time, byte totals, rates written then), newest last: the measurement window.
+    history: tuple[tuple[float, Mapping[int, int], Mapping[int, int]], ...] = ()
 
 
 def step(capacity_bps: int, shares: list[Share] | tuple[Share, ...], state: State, now_s: float,
-         bytes_total: Mapping[int, int]) -> State:
+         bytes_total: Mapping[int, int], backlogged: frozenset[int] | set[int] = frozenset()) -> State:
     """One controller step: byte totals (monotonic per key) at ``now_s`` -> the new rates (in the returned state).
 
-    The first step (no previous sample) writes each tenant's guarantee-with-headroom
-    and the limits of nobody else: every tenant starts at max(guarantee, fair share).
+    The first step (no previous sample) assumes every tenant wants everything: guarantees, then the spare by
+    priority. ``backlogged``: keys whose stamper clock is ahead of now (packets waiting).
     """
     if state.at_s is None or now_s <= state.at_s:
         demand = {s.key: s.limit_bps for s in shares}  # unknown: assume everyone wants everything
         alloc = allocate(capacity_bps, shares, demand)
-        return State(now_s, dict(bytes_total), rates(shares, alloc), {})
-    dt = now_s - state.at_s
+        first = rates(shares, alloc)
+        return State(now_s, dict(bytes_total), first, {}, ((now_s, dict(bytes_total), first),))
+    # The newest sample at least WINDOW_S old (else the oldest kept) is the base of the measurement;
+    # a tenant is compared with the smallest rate it had over that window (what it could send).
+    hist = state.history or ((state.at_s, state.bytes_total, state.rates_bps),)
+    start = 0
+    for i in range(len(hist) - 1, -1, -1):
+        if now_s - hist[i][0] >= WINDOW_S:
+            start = i
+            break
+    window = hist[start:]
+    base_t, base = window[0][0], window[0][1]
+    dt = now_s - base_t
     measured = {}
     demand = {}
     for s in shares:
-        delta = bytes_total.get(s.key, 0) - state.bytes_total.get(s.key, 0)
+        delta = bytes_total.get(s.key, 0) - base.get(s.key, 0)
         if delta < 0:  # counters reset (program replaced): count from here
             delta = 0
         measured[s.key] = int(delta * 8 / dt)
-        demand[s.key] = estimate_demand(measured[s.key], state.rates_bps.get(s.key, s.guarantee_bps), s.limit_bps,
-                                        capacity_bps)
+        had = min(h[2].get(s.key, s.guarantee_bps) for h in window)
+        demand[s.key] = estimate_demand(measured[s.key], had, s.limit_bps, capacity_bps, s.key in backlogged,
+                                        state.rates_bps.get(s.key, s.guarantee_bps))
     alloc = allocate(capacity_bps, shares, demand)
-    return State(now_s, dict(bytes_total), rates(shares, alloc), measured)
+    new_rates = rates(shares, alloc)
+    kept = tuple(h for h in hist if now_s - h[0] <= 2 * WINDOW_S)[-HISTORY:]
+    return State(now_s, dict(bytes_total), new_rates, measured, kept + ((now_s, dict(bytes_total), new_rates),))
