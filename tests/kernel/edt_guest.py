@@ -50,6 +50,9 @@ import errno, socket, sys, time
 dst, port, prio, size, start, stop = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, prio)
+# A deep send buffer (SO_SNDBUFFORCE, root): a Python sender under TCG is descheduled for tens of ms at a time,
+# and must keep a backlog queued meanwhile, as a real bulk sender does (the default 208 KiB is 6 datagrams).
+s.setsockopt(socket.SOL_SOCKET, 32, 4 << 20)  # SO_SNDBUFFORCE
 s.settimeout(0.2)
 payload = b"x" * size
 print("ready", flush=True)
