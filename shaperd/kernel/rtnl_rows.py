@@ -30,9 +30,7 @@ TCA_STATS_BASIC, TCA_STATS_QUEUE, TCA_STATS_APP = 1, 3, 4
 TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
 TCA_FQ_CODEL_LIMIT = 2
 TCA_U32_CLASSID, TCA_U32_DIVISOR, TCA_U32_SEL, TCA_U32_MARK = 1, 4, 5, 10
-TCA_BPF_CLASSID, TCA_BPF_NAME = 3, 7
-TCA_BPF_ID = 11
-TCA_FQ_PLIMIT, TCA_FQ_FLOW_PLIMIT, TCA_FQ_HORIZON, TCA_FQ_HORIZON_DROP = 1, 2, 14, 15
+TCA_BPF_CLASSID, TCA_BPF_NAME, TCA_BPF_ID = 3, 7, 11
 TC_H_ROOT = 0xFFFFFFFF
 
 _BASIC = struct.Struct("=QI")  # bytes, packets
@@ -125,7 +123,7 @@ class FilterRow(NamedTuple):
     keys: tuple[U32KeyRow, ...] = ()  # u32, by offset
     name: str = ""  # bpf program name
     mark: tuple[int, int] | None = None  # u32 mark match (value, mask)
-    prog_id: int = 0  # bpf: TCA_BPF_ID, the attached program (its maps are found from it)
+    prog_id: int = 0  # bpf: TCA_BPF_ID, the attached program's id (adoption of its maps)
 
 
 def link(buf: bytes, m: Message) -> LinkRow:
@@ -172,6 +170,9 @@ def root_qdisc(buf: bytes, m: Message) -> QdiscRow | None:
     if TCMSG.unpack_from(buf, m.start)[5] != TC_H_ROOT:
         return None
     return qdisc(buf, m)
+
+
+TCA_FQ_PLIMIT, TCA_FQ_FLOW_PLIMIT, TCA_FQ_HORIZON, TCA_FQ_HORIZON_DROP = 1, 2, 14, 15  # sch_fq (edt)
 
 
 def qdisc(buf: bytes, m: Message) -> QdiscRow:
