@@ -13,8 +13,8 @@ import time
 
 T = 10**15  # ns; far beyond CLOCK_MONOTONIC on any test machine
 HORIZON_NS = 2_000_000_000
-TENANT, OTHER, DEFAULT = 0x10, 0x20, 0x2
-NS_PER_BYTE = {TENANT: 8000, DEFAULT: 800}  # 1 Mbit/s and 10 Mbit/s
+TENANT, OTHER, SLOW, DEFAULT = 0x10, 0x20, 0x30, 0x2
+NS_PER_BYTE = {TENANT: 8000, DEFAULT: 800, SLOW: 4_000_000}  # 1 Mbit/s, 10 Mbit/s, 2 kbit/s
 FRAME = bytes(14) + bytes(986)  # 1000 bytes on the wire
 
 # case -> (retval, stamp - T or None for "unchanged" (== T), clock of TENANT - T afterwards or None)
@@ -22,7 +22,9 @@ EXPECTED = {
     "first": (0, 8_000_000, 8_000_000),
     "second": (0, 16_000_000, 16_000_000),
     "clock_ahead": (0, 500_000_000 + 8_000_000, 508_000_000),
-    "beyond_horizon": (2, 0, 1_995_000_000),
+    "beyond_horizon": (2, 0, 2_001_000_000),
+    "at_horizon": (0, 2_000_000_000 + 8_000_000, 2_008_000_000),
+    "one_slow_packet_longer_than_the_horizon": (0, 4_000_000_000, None),
     "no_tenant": (0, 800_000, None),
     "foreign_major": (0, 1_600_000, None),
     "no_rate_set": (0, 0, None),
@@ -48,7 +50,9 @@ def run_cases() -> dict:
             run("first", 0x73680000 | TENANT)
             run("second", 0x73680000 | TENANT)
             run("clock_ahead", 0x73680000 | TENANT, clock=T + 500_000_000)
-            run("beyond_horizon", 0x73680000 | TENANT, clock=T + 1_995_000_000)
+            run("beyond_horizon", 0x73680000 | TENANT, clock=T + 2_001_000_000)
+            run("at_horizon", 0x73680000 | TENANT, clock=T + 2_000_000_000)
+            run("one_slow_packet_longer_than_the_horizon", 0x73680000 | SLOW)
             run("no_tenant", 0)
             run("foreign_major", 0x00010010)
             run("no_rate_set", 0x73680000 | OTHER)
@@ -81,9 +85,9 @@ def problems(result: dict) -> list[str]:
     if result.get("monotonic") != [True, 0]:
         bad.append(f"stamp from CLOCK_MONOTONIC + delay: {result.get('monotonic')}")
     stats = {int(k): v for k, v in result.get("stats", {}).items()}
-    # TENANT: first, second, clock_ahead, monotonic passed (4000 B), beyond_horizon dropped.
-    if stats.get(TENANT) != [4000, 4, 1]:
-        bad.append(f"stats of the tenant: want [4000, 4, 1], got {stats.get(TENANT)}")
+    # TENANT: first, second, clock_ahead, at_horizon, monotonic passed (5000 B), beyond_horizon dropped.
+    if stats.get(TENANT) != [5000, 5, 1]:
+        bad.append(f"stats of the tenant: want [5000, 5, 1], got {stats.get(TENANT)}")
     if stats.get(DEFAULT) != [2000, 2, 0] or stats.get(OTHER) != [1000, 1, 0]:
         bad.append(f"stats of default/other: {stats.get(DEFAULT)} {stats.get(OTHER)}")
     return bad

@@ -18,7 +18,11 @@ classifier, which wrote the tenant's class id 7368:<minor> into skb->priority):
 4. the tenant's clock (clocks[key], u64 ns, ARRAY, written only here):
    next = max(now, last) + len * ns_per_byte_q16 >> 16, the classic EDT
    virtual clock (Cilium's edt_sched_departure, Carousel);
-5. if next - now > horizon: drop (TC_ACT_SHOT), clock unchanged;
+5. if the backlog ahead of the packet, max(now, last) - now, is beyond the
+   horizon: drop (TC_ACT_SHOT), clock unchanged. The backlog, not the
+   packet's own departure, so one large packet of a slow tenant always
+   passes; the horizon bounds how long packets stamped at an old rate keep
+   leaving after the controller lowered it;
 6. else the clock moves with ONE atomic compare-and-exchange from the value
    read to ``next`` (BPF_ATOMIC | BPF_CMPXCHG, kernel >= 5.12). If another
    CPU moved it first, the packet queues behind that CPU's packet with an
@@ -62,7 +66,7 @@ _BPF_ADD, _BPF_FETCH, _BPF_CMPXCHG = 0x00, 0x01, 0xF1
 _MOV64_X, _MOV64_K, _MOV32_K = 0xBF, 0xB7, 0xB4
 _ADD64_X, _ADD64_K, _SUB64_X, _MUL64_X, _RSH64_K, _NEG64 = 0x0F, 0x07, 0x1F, 0x2F, 0x77, 0x87
 _AND32_K, _RSH32_K = 0x54, 0x74
-_JA, _JEQ_K, _JEQ_X, _JNE_K32, _JGE_X, _JGT_X, _JNE_K = 0x05, 0x15, 0x1D, 0x56, 0x3D, 0x2D, 0x55
+_JA, _JEQ_K, _JEQ_X, _JNE_K32, _JGE_X, _JGT_X, _JNE_K, _JSGT_X = 0x05, 0x15, 0x1D, 0x56, 0x3D, 0x2D, 0x55, 0x6D
 _CALL, _EXIT = 0x85, 0x95
 
 
@@ -148,12 +152,12 @@ def stamper(rates_fd: int, clocks_fd: int, stats_fd: int, horizon_ns: int) -> by
     a(_JGE_X, 2, 9, "base_ok")
     a(_MOV64_X, 2, 9)
     a.label("base_ok")
-    a(_ADD64_X, 2, 8)
-    # beyond the horizon: drop, clock untouched
+    # backlog ahead of this packet (base - now) beyond the horizon: drop, clock untouched
     a(_MOV64_X, 3, 2)
     a(_SUB64_X, 3, 9)
     a(_MOV64_K, 4, 0, 0, horizon_ns)
     a(_JGT_X, 3, 4, "drop")
+    a(_ADD64_X, 2, 8)
     # r0 = cmpxchg(clock, expected r1, new r2); won the race if r0 == r1
     a(_MOV64_X, 0, 1)
     a(_ATOMIC_DW, 7, 2, 0, _BPF_CMPXCHG)
@@ -163,10 +167,9 @@ def stamper(rates_fd: int, clocks_fd: int, stats_fd: int, horizon_ns: int) -> by
     a(_ATOMIC_DW, 7, 3, 0, _BPF_ADD | _BPF_FETCH)
     a(_MOV64_X, 2, 3)
     a(_ADD64_X, 2, 8)
-    a(_MOV64_X, 3, 2)
-    a(_SUB64_X, 3, 9)
+    a(_SUB64_X, 3, 9)  # backlog ahead of it: old - now, signed (the clock may lag now)
     a(_MOV64_K, 4, 0, 0, horizon_ns)
-    a(_JGT_X, 3, 4, "undo")
+    a(_JSGT_X, 3, 4, "undo")
     a.label("stamp")
     a(_STX_DW, 6, 2, OFF_TSTAMP)
     a(_JA, 0, 0, "count_ok")

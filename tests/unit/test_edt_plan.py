@@ -38,26 +38,26 @@ def test_mq_root_with_one_fq_per_tx_queue_sized_for_the_rate():
     assert dp.root_kind == "mq" and dp.capacity_bps == 98 * G
     assert [f.parent for f in dp.fqs] == [ROOT_HANDLE | q for q in (1, 2, 3, 4)]
     assert len({f.handle >> 16 for f in dp.fqs}) == 4
-    # The smallest guarantee is the reserve (1 % of 98 Gbit): 4 x 64 KiB at 980 Mbit/s is 2.1 ms -> the 50 ms floor.
-    assert dp.stamper.horizon_ns == edt_plan.HORIZON_MIN_NS
+    assert dp.stamper.horizon_ns == edt_plan.STAMPER_HORIZON_NS == 100_000_000
     fq = dp.fqs[0]
-    assert fq.horizon_us == 62_500 and fq.horizon_drop
-    assert fq.flow_limit_packets == 10_000  # 98 Gbit x 50 ms is ~400k frames: capped
+    # fq's backstop: 1.25 x (100 ms + one 64 KiB packet at the smallest guarantee, the reserve: 980 Mbit/s).
+    assert fq.horizon_us == (100_000_000 + 65536 * 8 * 10**9 // (98 * G // 100)) * 5 // 4 // 1000 and fq.horizon_drop
+    assert fq.flow_limit_packets == 10_000  # 98 Gbit x 100 ms is ~800k frames: capped
     assert fq.limit_packets == 100_000
     minors = assign_minors(["train", "batch"])
     assert {s.key: (s.guarantee_bps, s.limit_bps) for s in dp.shares} == {
         DEFAULT_KEY: (98 * G // 100, 98 * G), minors["train"]: (60 * G, 98 * G), minors["batch"]: (10 * G, 50 * G)}
 
 
-def test_single_queue_device_gets_fq_at_the_root_and_slow_rates_a_longer_horizon():
+def test_single_queue_device_gets_fq_at_the_root_and_slow_rates_a_longer_fq_horizon():
     c = config.from_dict({"node": {"interfaces": ["eth0"], "dataplane": "edt", "capacity": "100Mbps"},
                           "tenants": [{"name": "a", "bandwidthGuarantee": "1Mbps"}]})
     (dp,) = planned(Link("eth0", 2, tx_queues=1), c).devices
     assert dp.root_kind == "fq" and len(dp.fqs) == 1 and dp.fqs[0].handle == ROOT_HANDLE
-    # 4 x 64 KiB at 1 Mbit/s = 2.1 s: capped at 2 s.
-    assert dp.stamper.horizon_ns == edt_plan.HORIZON_MAX_NS
-    # 100 Mbit for 2 s is 16513 frames of 1514 bytes: the queue limit; one flow is capped at 10000.
-    assert (dp.fqs[0].limit_packets, dp.fqs[0].flow_limit_packets) == (16_513, 10_000)
+    # One 64 KiB packet at 1 Mbit/s (the reserve) is 524 ms: fq keeps it; 1.25 x (100 + 524.288) ms.
+    assert dp.fqs[0].horizon_us == 780_360
+    # 100 Mbit for 100 ms is 826 frames of 1514 bytes: both limits are at their floors.
+    assert (dp.fqs[0].limit_packets, dp.fqs[0].flow_limit_packets) == (10_000, 826)
 
 
 def in_sync_state(dp):

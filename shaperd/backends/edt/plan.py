@@ -9,13 +9,16 @@ writes into skb->priority). No I/O.
 
 Sizing (README, "EDT data plane"):
 
-- stamper horizon H = clamp(4 GSO packets (4 x 64 KiB) at the smallest
-  rate any key is guaranteed, 50 ms, 2 s): a slow tenant can always queue a
-  few super-packets; a packet that would leave later than now + H is dropped
-  by the stamper, so H is the queue limit in time;
-- sch_fq horizon = 1.25 H with horizon_drop: a backstop only (the stamper
-  has dropped anything beyond H already), so fq never drops what the
-  stamper admitted;
+- stamper horizon H = 100 ms: a packet finding its tenant's backlog (clock
+  - now) beyond H is dropped by the stamper, so H is each tenant's queue
+  limit in time, and also how long packets stamped at an old rate keep
+  leaving after the controller lowered it (the first QEMU runs with a 2 s
+  horizon let a tenant overshoot its new rate for seconds). H covers five
+  controller steps of 20 ms and a descheduled sender;
+- sch_fq horizon = 1.25 x (H + one 64 KiB GSO packet at the smallest
+  guaranteed rate), at most 10 s (fq's default), with horizon_drop: a
+  backstop only (a slow tenant's one large packet may be stamped beyond H),
+  so fq never drops what the stamper admitted;
 - sch_fq flow_limit = clamp(packets the fastest tenant's limit sends in H,
   100, 10000) and limit = clamp(packets the queue's share of capacity sends
   in H, 10000, 100000): one flow may hold what its tenant was admitted, and
@@ -38,8 +41,8 @@ from .objects import (
     DEFAULT_KEY, FQ_MAJOR_BASE, ROOT_HANDLE, EdtDevicePlan, EdtShareSpec, FqQdisc, Stamper, stamper_name,
 )
 
-HORIZON_MIN_NS = 50_000_000
-HORIZON_MAX_NS = 2_000_000_000
+STAMPER_HORIZON_NS = 100_000_000
+FQ_HORIZON_MAX_NS = 10_000_000_000
 FQ_HORIZON_MARGIN = (5, 4)
 FLOW_LIMIT_RANGE = (100, 10_000)
 QUEUE_LIMIT_RANGE = (10_000, 100_000)
@@ -64,17 +67,19 @@ def _clamp(v: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, v))
 
 
-def horizon_ns(min_rate_bps: int) -> int:
-    return _clamp(4 * GSO_MAX_BYTES * 8 * 1_000_000_000 // max(min_rate_bps, 1), HORIZON_MIN_NS, HORIZON_MAX_NS)
+def fq_horizon_ns(h_ns: int, min_rate_bps: int) -> int:
+    one_gso_ns = GSO_MAX_BYTES * 8 * 1_000_000_000 // max(min_rate_bps, 1)
+    return min(FQ_HORIZON_MAX_NS, (h_ns + one_gso_ns) * FQ_HORIZON_MARGIN[0] // FQ_HORIZON_MARGIN[1])
 
 
-def fq_sizing(capacity_bps: int, tx_queues: int, max_limit_bps: int, h_ns: int, mtu: int) -> tuple[int, int, int]:
+def fq_sizing(capacity_bps: int, tx_queues: int, max_limit_bps: int, h_ns: int, mtu: int,
+              min_rate_bps: int) -> tuple[int, int, int]:
     """(limit, flow_limit, horizon_us) for each sch_fq (see the module docstring)."""
     frame_bits = (mtu + ETH_HLEN) * 8
     flow = _clamp(-(-max_limit_bps * h_ns // (1_000_000_000 * frame_bits)), *FLOW_LIMIT_RANGE)
     per_queue = capacity_bps // max(tx_queues, 1)
     limit = _clamp(-(-per_queue * h_ns // (1_000_000_000 * frame_bits)), *QUEUE_LIMIT_RANGE)
-    return limit, flow, h_ns * FQ_HORIZON_MARGIN[0] // FQ_HORIZON_MARGIN[1] // 1000
+    return limit, flow, fq_horizon_ns(h_ns, min_rate_bps) // 1000
 
 
 def plan(cfg: Config, inv: Inventory, ten: Tenancy, take_over: bool = False) -> EdtPlan:
@@ -121,8 +126,9 @@ def plan_device(cfg: Config, link: Link, minors: dict[str, int]) -> tuple[EdtDev
         shares.append(EdtShareSpec(minors[t.name], t.name, t.guarantee_bps,
                                    t.limit_bps if t.limit_bps is not None else capacity, t.priority))
     floors = [s.guarantee_bps for s in shares if s.guarantee_bps > 0] or [capacity]
-    h = horizon_ns(min(floors))
-    limit, flow, h_us = fq_sizing(capacity, link.tx_queues, max(s.limit_bps for s in shares), h, link.mtu)
+    h = STAMPER_HORIZON_NS
+    limit, flow, h_us = fq_sizing(capacity, link.tx_queues, max(s.limit_bps for s in shares), h, link.mtu,
+                                  min(floors))
     if link.tx_queues > 1:
         kind = "mq"
         fqs = tuple(FqQdisc(parent=ROOT_HANDLE | q, handle=(FQ_MAJOR_BASE + q) << 16, limit_packets=limit,
