@@ -44,11 +44,20 @@ def table(result: dict, repeats: int) -> str:
         for dp in ("edt", "htb"):
             cells.append(_cell([result.get(f"isolation_{dp}_{r}", {}).get(key) for r in range(repeats)]))
         lines.append(f"| {key} | {target} | {cells[0]} | {cells[1]} |")
-    lines += ["", "| senders | edt us/packet | htb us/packet | edt packets | htb packets |", "|---|---|---|---|---|"]
+    lines += ["", "| senders | edt µs/packet received (sent) | htb µs/packet received (sent) | edt received / sent "
+              "| htb received / sent |", "|---|---|---|---|---|"]
     for n in (1, 2, 4):
         e, h = result.get(f"cpu_edt_{n}", {}), result.get(f"cpu_htb_{n}", {})
-        fmt = lambda c: f"{c['us_per_packet']:.1f}" if c.get("us_per_packet") else "-"  # noqa: E731
-        lines.append(f"| {n} | {fmt(e)} | {fmt(h)} | {e.get('packets', '-')} | {h.get('packets', '-')} |")
+
+        def fmt(c):
+            if not c.get("us_per_packet"):
+                return "-"
+            return f"{c['us_per_packet']:.1f} ({c.get('us_per_sent_packet') or 0:.1f})"
+
+        def counts(c):
+            return f"{c.get('packets', '-')} / {sum(c.get('sent', []))}"
+
+        lines.append(f"| {n} | {fmt(e)} | {fmt(h)} | {counts(e)} | {counts(h)} |")
     return "\n".join(lines)
 
 

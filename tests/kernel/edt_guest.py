@@ -327,8 +327,10 @@ def cpu_per_packet(bed: Bed, cfg, senders: int, seconds: float = 3.0) -> dict:
     hz = os.sysconf("SC_CLK_TCK")
     pkts = sum(res["packets"].values())
     busy_s = (sample["j1"] - sample["j0"]) / hz
+    sent = sum(res["sent"])
     return {"senders": senders, "packets": pkts, "busy_s": busy_s,
-            "us_per_packet": busy_s * 1e6 / pkts if pkts else None, "sent": res["sent"]}
+            "us_per_packet": busy_s * 1e6 / pkts if pkts else None, "sent": res["sent"],
+            "us_per_sent_packet": busy_s * 1e6 / sent if sent else None}
 
 
 def attempt(out: dict, key: str, fn):

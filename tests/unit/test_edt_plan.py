@@ -56,8 +56,8 @@ def test_single_queue_device_gets_fq_at_the_root_and_slow_rates_a_longer_fq_hori
     assert dp.root_kind == "fq" and len(dp.fqs) == 1 and dp.fqs[0].handle == ROOT_HANDLE
     # One 64 KiB packet at 1 Mbit/s (the reserve) is 524 ms: fq keeps it; 1.25 x (100 + 524.288) ms.
     assert dp.fqs[0].horizon_us == 780_360
-    # 100 Mbit for 100 ms is 826 frames of 1514 bytes: both limits are at their floors.
-    assert (dp.fqs[0].limit_packets, dp.fqs[0].flow_limit_packets) == (10_000, 826)
+    # 100 Mbit for 100 ms is 4883 packets of 256 bytes: the flow limit; the queue limit is at its floor.
+    assert (dp.fqs[0].limit_packets, dp.fqs[0].flow_limit_packets) == (10_000, 4_883)
 
 
 def in_sync_state(dp):

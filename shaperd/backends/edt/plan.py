@@ -19,10 +19,12 @@ Sizing (README, "EDT data plane"):
   guaranteed rate), at most 10 s (fq's default), with horizon_drop: a
   backstop only (a slow tenant's one large packet may be stamped beyond H),
   so fq never drops what the stamper admitted;
-- sch_fq flow_limit = clamp(packets the fastest tenant's limit sends in H,
-  100, 10000) and limit = clamp(packets the queue's share of capacity sends
-  in H, 10000, 100000): one flow may hold what its tenant was admitted, and
-  a queue's memory stays bounded (100000 x ~2 KiB).
+- sch_fq flow_limit = clamp(256-byte packets the fastest tenant's limit
+  sends in H, 100, 10000) and limit = clamp(256-byte packets the queue's
+  share of capacity sends in H, 10000, 100000): one flow may hold what the
+  stamper admitted even in small packets (sized for full frames, 64-byte
+  datagrams overflowed the flow limit in the QEMU CPU run), and a queue's
+  memory stays bounded (100000 packets).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ STAMPER_HORIZON_NS = 100_000_000
 FQ_HORIZON_MAX_NS = 10_000_000_000
 FQ_HORIZON_MARGIN = (5, 4)
 FLOW_LIMIT_RANGE = (100, 10_000)
+SIZING_PACKET_BYTES = 256
 QUEUE_LIMIT_RANGE = (10_000, 100_000)
 
 
@@ -75,7 +78,7 @@ def fq_horizon_ns(h_ns: int, min_rate_bps: int) -> int:
 def fq_sizing(capacity_bps: int, tx_queues: int, max_limit_bps: int, h_ns: int, mtu: int,
               min_rate_bps: int) -> tuple[int, int, int]:
     """(limit, flow_limit, horizon_us) for each sch_fq (see the module docstring)."""
-    frame_bits = (mtu + ETH_HLEN) * 8
+    frame_bits = SIZING_PACKET_BYTES * 8
     flow = _clamp(-(-max_limit_bps * h_ns // (1_000_000_000 * frame_bits)), *FLOW_LIMIT_RANGE)
     per_queue = capacity_bps // max(tx_queues, 1)
     limit = _clamp(-(-per_queue * h_ns // (1_000_000_000 * frame_bits)), *QUEUE_LIMIT_RANGE)
