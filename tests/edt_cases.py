@@ -67,12 +67,41 @@ def run_cases() -> dict:
             maps.set_clock(TENANT, 0)
             out["ns_per_run"] = bpf_maps.test_run(fd, FRAME, bpf_maps.SkBuff(priority=0x73680000 | TENANT),
                                                   repeat=10000).duration_ns
+            out["concurrent"] = concurrent(maps, fd)
             out["insns"] = len(edt_prog.stamper(maps.rates.fd, maps.clocks.fd, maps.stats.fd, HORIZON_NS)) // 8
         finally:
             import os
 
             os.close(fd)
     return out
+
+
+RACE_KEY, RACE_REPEAT, RACE_THREADS = 0x40, 50_000, 2
+
+
+def concurrent(maps, fd) -> list[int]:
+    """Two threads stamp one tenant at once (ctypes drops the GIL in bpf()): [clock - T, packets x delay].
+
+    With "now" pinned at T every packet must move the shared clock by exactly its delay, whether it won
+    the cmpxchg or queued behind another CPU with fetch-and-add: equal values mean no lost update.
+    """
+    import threading
+
+    from shaperd.kernel import bpf_maps
+
+    delay_ns = 1000  # 1 ns per byte, 1000-byte frames
+    maps.write_rates({RACE_KEY: 1 << 16})
+    maps.set_clock(RACE_KEY, T)
+
+    def worker():
+        bpf_maps.test_run(fd, FRAME, bpf_maps.SkBuff(priority=0x73680000 | RACE_KEY, tstamp=T), repeat=RACE_REPEAT)
+
+    threads = [threading.Thread(target=worker) for _ in range(RACE_THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [maps.read_clock(RACE_KEY) - T, RACE_THREADS * RACE_REPEAT * delay_ns]
 
 
 def problems(result: dict) -> list[str]:
@@ -82,6 +111,9 @@ def problems(result: dict) -> list[str]:
         got = result["cases"].get(name)
         if got is None or list(want) != list(got):
             bad.append(f"{name}: want (retval, stamp-T, clock-T) {want}, got {got}")
+    race = result.get("concurrent")
+    if not race or race[0] != race[1]:
+        bad.append(f"concurrent stamping lost or duplicated clock updates: clock - T, want: {race}")
     if result.get("monotonic") != [True, 0]:
         bad.append(f"stamp from CLOCK_MONOTONIC + delay: {result.get('monotonic')}")
     stats = {int(k): v for k, v in result.get("stats", {}).items()}
