@@ -102,3 +102,12 @@ def test_device_back_to_htb_loses_only_the_stamper_and_a_dropped_device_everythi
     (td,) = b.diff(gone, EdtObserved({2: in_sync_state(dp)}))
     assert [type(o) for o in td.ops] == [DeleteStamper, DeleteRoot]
     assert td.ops[1].describe() == "delete root qdisc 7365: on eth0: device no longer on the edt data plane"
+
+
+def test_shaperd_plan_shows_the_edt_tree_as_tc_commands():
+    from shaperd.backends.edt.render import render
+
+    text = render(planned(LINK))
+    assert "tc qdisc replace dev eth0 root handle 7365: mq" in text
+    assert "tc qdisc replace dev eth0 parent 7365:4 handle 8004: fq limit 100000 flow_limit 10000" in text
+    assert "edt stamper shpe_" in text and "train" in text and "batch" in text

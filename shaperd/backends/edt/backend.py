@@ -112,6 +112,11 @@ class EdtBackend:
         return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
                 if (d := diff_teardown(st)).ops]
 
+    def render(self, desired: EdtPlan) -> str:
+        from .render import render
+
+        return render(desired)
+
     def stats(self, desired: EdtPlan) -> BackendStats:
         # The per-tenant counters of edt live in the stamper's maps (edt_loop reads them), not in tc classes.
         return BackendStats(devices=tuple(dp.device for dp in desired.devices))
