@@ -182,6 +182,30 @@ def apply_step(bed: Bed, dataplane: str) -> dict:
     }, cfg, rec
 
 
+def switch_step(bed: Bed) -> dict:
+    """htb -> edt -> htb on one uplink, then teardown: each move lands without a failed write, resyncs are empty."""
+    from shaperd import config
+
+    rec = reconciler(bed)
+    out: dict = {}
+
+    def tc_state():
+        return (sh(["tc", "-n", bed.node, "qdisc", "show", "dev", NODE_IF]).stdout
+                + sh(["tc", "-n", bed.node, "filter", "show", "dev", NODE_IF, "egress"]).stdout)
+
+    for name, dp in (("htb", "htb"), ("to_edt", "edt"), ("back_to_htb", "htb")):
+        cfg = config.load_text(tenants_yaml(dp))
+        rep = rec.apply(cfg)
+        out[name] = {"writes": [o.describe() for t in rep.devices for o in t.ops],
+                     "failed": [str(e) for t in rep.devices for _, e in t.failed],
+                     "errors": [t.error or t.blocked for t in rep.devices if t.error or t.blocked],
+                     "resync_changes": rec.apply(cfg).changes, "tc": tc_state()}
+    rep = rec.teardown()
+    out["teardown"] = {"writes": [o.describe() for t in rep.devices for o in t.ops],
+                       "failed": [str(e) for t in rep.devices for _, e in t.failed], "tc": tc_state()}
+    return out
+
+
 def start(argv: list[str]) -> subprocess.Popen:
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -353,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"uname": os.uname().release}
     sh(["modprobe", "sch_fq"], check=False)
     attempt(out, "cases", edt_cases.run_cases)
+    if not args.bench:
+        with Bed() as bed:
+            attempt(out, "switch", lambda: switch_step(bed))
     planes = ("edt", "htb") if args.bench else ("edt",)
     for dp in planes:
         for r in range(args.repeats):

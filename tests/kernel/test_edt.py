@@ -50,3 +50,16 @@ def test_isolation_the_limit_holds_and_priority_borrows(edt):
     assert iso["bronze_alone_mbit"] <= limit * 1.03, iso
     assert iso["bronze_alone_mbit"] > 0 and iso["gold_mbit"] > iso["bronze_both_mbit"], iso
     assert iso["gold_mbit"] + iso["bronze_both_mbit"] <= CAPACITY_MBIT * 1.03, iso
+
+
+def test_moving_between_htb_and_edt_and_tearing_down_leaves_only_what_each_step_wants(edt):
+    sw = edt["switch"]
+    for step in ("htb", "to_edt", "back_to_htb"):
+        assert not (sw[step]["failed"] or sw[step]["errors"]), (step, sw[step])
+        assert sw[step]["resync_changes"] == 0, (step, sw[step])
+    assert "qdisc mq 7365: root" in sw["to_edt"]["tc"] and "htb 7368:" not in sw["to_edt"]["tc"]
+    back = sw["back_to_htb"]
+    assert "qdisc htb 7368: root" in back["tc"] and "shpe_" not in back["tc"] and "7365:" not in back["tc"]
+    assert any(w.startswith("delete edt stamper") for w in back["writes"]), back["writes"]
+    down = sw["teardown"]
+    assert not down["failed"] and "7368:" not in down["tc"] and "7365:" not in down["tc"], down
