@@ -46,8 +46,10 @@ def table(result: dict, repeats: int) -> str:
         lines.append(f"| {key} | {target} | {cells[0]} | {cells[1]} |")
     lines += ["", "| senders | edt µs/packet received (sent) | htb µs/packet received (sent) | edt received / sent "
               "| htb received / sent |", "|---|---|---|---|---|"]
-    for n in (1, 2, 4):
-        e, h = result.get(f"cpu_edt_{n}", {}), result.get(f"cpu_htb_{n}", {})
+    rows = [(f"{n}", f"cpu_edt_{n}", f"cpu_htb_{n}") for n in (1, 2, 4)]
+    rows += [(f"{n}, capacity 10 Gbit/s", f"cpufast_edt_{n}", f"cpufast_htb_{n}") for n in (1, 2, 4)]
+    for n, ek, hk in rows:
+        e, h = result.get(ek, {}), result.get(hk, {})
 
         def fmt(c):
             if not c.get("us_per_packet"):

@@ -327,9 +327,20 @@ def busy_jiffies() -> int:
     return user + nice + system + irq + softirq
 
 
-def cpu_per_packet(bed: Bed, cfg, senders: int, seconds: float = 3.0) -> dict:
-    """Busy CPU time / packets received, ``senders`` processes of gold sending 64-byte datagrams unshaped."""
+def cpu_per_packet(bed: Bed, cfg, senders: int, seconds: float = 3.0, rec=None, dataplane: str = "") -> dict:
+    """Busy CPU time / packets received, ``senders`` processes of gold sending 64-byte datagrams.
+
+    With ``rec`` and dataplane edt the rate controller runs meanwhile (its CPU is counted), as in the daemon.
+    """
     ids = classids(cfg)
+    loop = None
+    if rec is not None and dataplane == "edt":
+        from shaperd.engine.daemon import _edt_maps_opener
+        from shaperd.engine.edt_loop import EdtLoop
+
+        loop = EdtLoop(_edt_maps_opener(bed.node))
+        loop.set_targets(rec.plan(cfg).desired["edt"].devices)
+        loop.start()
     flows = [(GOLD["port"], ids["gold"], 0.0, seconds) for _ in range(senders)]
     # Busy time over the traffic window, sampled from a thread on the traffic's own schedule.
     sample: dict = {}
@@ -345,7 +356,11 @@ def cpu_per_packet(bed: Bed, cfg, senders: int, seconds: float = 3.0) -> dict:
         threads.append(threading.Thread(target=sampler, args=(t0,)))
         threads[0].start()
 
-    res = traffic(bed, flows, seconds + 0.5, size=64, on_start=on_start)
+    try:
+        res = traffic(bed, flows, seconds + 0.5, size=64, on_start=on_start)
+    finally:
+        if loop is not None:
+            loop.stop()
     for th in threads:
         th.join()
     hz = os.sysconf("SC_CLK_TCK")
@@ -392,6 +407,13 @@ def main(argv: list[str] | None = None) -> int:
                 if args.bench and r == 0:
                     for n in (1, 2, 4):
                         attempt(out, f"cpu_{dp}_{n}", lambda: cpu_per_packet(bed, cfg, n))
+                    # The same at 10 Gbit/s of capacity: nothing waits for its departure time (no pacing timers).
+                    from shaperd import config as _config
+
+                    fast = _config.load_text(tenants_yaml(dp, capacity_mbit=10_000))
+                    attempt(out, f"apply_fast_{dp}", lambda: rec.apply(fast).ok)
+                    for n in (1, 2, 4):
+                        attempt(out, f"cpufast_{dp}_{n}", lambda: cpu_per_packet(bed, fast, n, rec=rec, dataplane=dp))
     out["loadavg"] = Path("/proc/loadavg").read_text().strip()
     args.outdir.mkdir(parents=True, exist_ok=True)
     (args.outdir / "edt.json").write_text(json.dumps(out, indent=1, sort_keys=True, default=str))
