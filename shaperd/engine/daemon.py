@@ -307,6 +307,9 @@ class Daemon:
         from ..report import dcb_metrics
 
         dcb_metrics.install(self.metrics, rec.backends)
+        from ..report import edt_metrics
+
+        edt_metrics.install(self.metrics, lambda: self.edt_loop)
         try:
             server = MetricsServer(self.metrics_address, self.metrics)
         except (OSError, ValueError) as e:

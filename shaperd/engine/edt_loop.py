@@ -70,6 +70,18 @@ class EdtLoop(Periodic):
             st = self._state.get(device)
             return dict(st.rates_bps) if st else {}
 
+    def snapshot(self) -> list[tuple[str, str | None, int, int, int]]:
+        """(device, tenant or None for the default key, key, rate written bit/s, measured bit/s) of the last steps."""
+        out = []
+        with self._lock:
+            for dev, dp in sorted(self._plans.items()):
+                st = self._state.get(dev)
+                if st is None:
+                    continue
+                for s in dp.shares:
+                    out.append((dev, s.tenant, s.key, st.rates_bps.get(s.key, 0), st.measured_bps.get(s.key, 0)))
+        return out
+
     def sample_once(self) -> None:
         with self._lock:
             for dev, dp in sorted(self._plans.items()):

@@ -93,3 +93,27 @@ def test_a_failing_device_is_reported_and_reopened():
     assert "map gone" in loop.errors["eth0"] and made[0].closed
     loop.sample_once()
     assert len(made) == 2 and "eth0" not in loop.errors
+
+
+def test_metrics_show_each_tenants_rate_and_measurement_and_a_failing_device():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from shaperd.report.edt_metrics import EdtCollector
+
+    dp = device_plan()
+    maps = FakeMaps()
+    loop = EdtLoop(lambda _dp: maps, clock=lambda: 1.0)
+    reg = CollectorRegistry()
+    holder = {"loop": None}
+    reg.register(EdtCollector(lambda: holder["loop"]))
+    assert b"shaperd_tenant_edt_rate_bits_per_second{" not in generate_latest(reg)  # no loop: no series
+    holder["loop"] = loop
+    loop.set_targets([dp])
+    loop.sample_once()
+    text = generate_latest(reg).decode()
+    assert 'shaperd_tenant_edt_rate_bits_per_second{device="eth0",tenant="a"}' in text
+    assert 'shaperd_tenant_edt_rate_bits_per_second{device="eth0",tenant="(none)"}' in text
+    assert 'shaperd_edt_device_controlled{device="eth0"} 1.0' in text
+    maps.fail = True
+    loop.sample_once()
+    assert 'shaperd_edt_device_controlled{device="eth0"} 0.0' in generate_latest(reg).decode()
