@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.bpf:
         import dataclasses
 
-        caps = dataclasses.replace(caps, bpf=False)
+        caps = dataclasses.replace(caps, bpf=False, bpf_maps=False)
 
     doc = make_config_dict(args.tenants, args.prefixes)
     cfg = config_mod.from_dict(doc)
@@ -549,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
                 f.writelines(" ".join(c) + "\n" for c in cmds)
             # root qdisc + classes + leaves + filters
             expected = 1 + len(dp.classes) + len(dp.leaves) + len(dp.filters)
+            expected += 1 if getattr(dp, "map_classifier", None) is not None else 0  # the eBPF classifier attach
             maxrss_setup = maxrss_kib()
             # Warm-up run (not counted): page cache, kernel module autoload, lazy imports.
             one_run(bench, 0, cfg, cfg_file, batch_file, empty_file, caps, sysfs, expected, cli=False)

@@ -2,7 +2,12 @@
 
 Exit codes: 0 done (including "nothing to change"); 1 some kernel write or
 device failed (the others were still enforced); 2 bad input (tenants file,
-arguments): nothing in the kernel was changed.
+arguments): nothing in the kernel was changed. ``diff`` follows ``kubectl
+diff`` instead: 0 in sync, 1 changes pending, 2 bad input, 3 a device could
+not be read or is left alone (a root qdisc shaperd does not own).
+
+Read commands take ``-o text|json|yaml`` (cli_output.py); ``--version``,
+``completion`` and ``teardown --dry-run`` are in cli_meta.py.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import argparse
 import os
 import sys
 
-from . import __version__, log
+from . import cli_meta, cli_output as output, log
 from .config import Config, load_file
 from .errors import ConfigError, KernelError, ShaperdError
 from .backends.htb.plan import MAX_TENANT_PRIO, htb_prios
@@ -21,6 +26,7 @@ DEFAULT_CONFIG = "/etc/shaperd/traffic-shaping.yaml"
 # Keep in sync with report.metrics.DEFAULT_METRICS_ADDRESS (not imported: prometheus_client loads only for `run`).
 DEFAULT_METRICS_ADDRESS = ":9567"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_DIFF_PENDING, EXIT_DIFF_ERROR = 1, 3  # diff only (kubectl diff: 1 differences, >1 error)
 
 
 def _err(msg: str) -> None:
@@ -33,6 +39,9 @@ def _load(path: str) -> Config:
 
 def cmd_check_config(args) -> int:
     cfg = _load(args.file)
+    if output.machine(args):
+        output.emit(check_config_result(args.file, cfg), args)
+        return EXIT_OK
     prios = htb_prios(cfg.tenants)
     rows = [("TENANT", "GUARANTEE", "LIMIT", "PRIORITY", "HTB PRIO", "MATCH")]
     for t in cfg.tenants:
@@ -50,6 +59,13 @@ def cmd_check_config(args) -> int:
                      format_rate(t.limit_bps) if t.limit_bps else "capacity",
                      str(t.priority), str(prios[t.name]), " ".join(match)))
     _table(rows)
+    scopes = [(t.name, format_rate(d.limit_bps), ",".join(map(str, d.cidrs)), d.origin)
+              for t in cfg.tenants for d in t.destinations]
+    if scopes:  # destination scopes (issue 12): that traffic's own cap; the rest keeps the tenant's limit
+        print()
+        _table([("TENANT", "LIMIT", "TOWARDS", "FROM")] + scopes)
+    for line in cfg.ignored:
+        print(f"ignored: {line}")
     n = cfg.node
     print(
         f"\nnode: interfaces={','.join(n.interfaces) or '(default route)'} "
@@ -62,10 +78,33 @@ def cmd_check_config(args) -> int:
     return EXIT_OK
 
 
+def check_config_result(path: str, cfg: Config) -> dict:
+    """check-config's -o json|yaml object: the normalised tenants and node settings (rates in bit/s)."""
+    prios = htb_prios(cfg.tenants)
+    tenants = [{"name": t.name, "guarantee_bps": t.guarantee_bps, "limit_bps": t.limit_bps or None,
+                "priority": t.priority, "htb_prio": prios[t.name],
+                "match": {"cidrs": [str(c) for c in t.match.cidrs], "interfaces": list(t.match.interfaces),
+                          "pod_labels": dict(t.effective_pod_labels()), "namespaces": list(t.match.namespaces),
+                          "cgroups": list(t.match.cgroups)}} for t in cfg.tenants]
+    n = cfg.node
+    return {"file": path, "valid": True, "tenants": tenants,
+            "node": {"interfaces": list(n.interfaces), "capacity_bps": n.capacity_bps or None,
+                     "reserve_bps": n.reserve_bps or None, "take_over": n.take_over}}
+
+
 def _table(rows) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def _config_map_arg(text: str) -> str:
+    from .discovery.kubernetes.configmap import parse_ref
+
+    try:
+        return "/".join(parse_ref(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _max_vls_arg(text: str):
@@ -115,6 +154,10 @@ def cmd_plan(args) -> int:
     cfg = _load(args.config)
     rec = _reconciler(args, probe=False)
     p = rec.plan(cfg)
+    if output.machine(args):
+        output.emit({"notes": list(rec.capabilities.notes), "warnings": list(p.warnings),
+                     "problems": [str(pr) for pr in p.problems], "desired": p.desired}, args)
+        return EXIT_BAD_INPUT if p.problems else EXIT_OK
     _print_plan_notes(p, rec.capabilities)
     marks = p.desired["marks"].marks if "marks" in p.desired else ()
     print(render(p.desired.get("htb", HtbPlan()), marks), end="")
@@ -129,11 +172,39 @@ def cmd_plan(args) -> int:
 
 
 def cmd_diff(args) -> int:
+    """Like ``kubectl diff``: 0 in sync, 1 changes pending, 2 bad input, 3 a device unreadable or left alone."""
     cfg = _load(args.config)
-    rec = _reconciler(args)
-    rep = rec.diff(cfg)
-    _print_outcomes(rep, planned=True)
-    return _exit(rep)
+    try:
+        rec = _reconciler(args)
+        rep = rec.diff(cfg)
+    except ShaperdError as e:  # not ConfigError (that is bad input, exit 2): the node could not be read
+        if isinstance(e, ConfigError):
+            raise
+        _err(str(e))
+        return EXIT_DIFF_ERROR
+    if output.machine(args):
+        output.emit(outcomes_result(rep, planned=True), args)
+    else:
+        _print_outcomes(rep, planned=True)
+    return diff_exit(rep)
+
+
+def diff_exit(rep) -> int:
+    if rep.problems:
+        return EXIT_BAD_INPUT
+    if any(d.error or d.blocked or d.failed for d in rep.devices):
+        return EXIT_DIFF_ERROR
+    return EXIT_DIFF_PENDING if rep.changes else EXIT_OK
+
+
+def outcomes_result(rep, planned: bool) -> dict:
+    """diff's and teardown's -o json|yaml object: per target what would change (``planned``) or what did."""
+    head = {"in_sync": rep.changes == 0 and rep.ok} if planned else {}
+    return {**head, "ok": rep.ok, "changes": rep.changes, "duration_s": round(rep.duration_s, 6),
+            "warnings": list(rep.plan.warnings), "problems": [str(p) for p in rep.plan.problems],
+            "targets": [{"backend": d.backend, "device": d.device, "ops": [op.describe() for op in d.ops],
+                         "failed": [str(e) for _, e in d.failed], "blocked": d.blocked, "error": d.error}
+                        for d in rep.devices]}
 
 
 def cmd_apply(args) -> int:
@@ -168,9 +239,13 @@ def _print_outcomes(rep, planned: bool) -> None:
 
 
 def cmd_teardown(args) -> int:
+    """Remove what shaperd owns; ``--dry-run``: the same removals, printed as "would ...", none sent."""
     rec = _reconciler(args, probe=False)
-    rep = rec.teardown()
-    _print_outcomes(rep, planned=False)
+    rep = rec.teardown(dry_run=args.dry_run)
+    if output.machine(args):
+        output.emit({"dry_run": args.dry_run, **outcomes_result(rep, planned=args.dry_run)}, args)
+    else:
+        _print_outcomes(rep, planned=args.dry_run)
     return EXIT_OK if rep.ok else EXIT_FAILED
 
 
@@ -188,6 +263,15 @@ def cmd_run(args) -> int:
 
         factory = make_watcher
 
+        def make_volcano(on_change):  # PodGroups and Queues, once a tenant uses match.volcanoQueues
+            from .discovery.kubernetes.volcano import VolcanoView
+
+            return VolcanoView(on_change, kubeconfig=args.kubeconfig)
+
+        volcano_factory = make_volcano
+    else:
+        volcano_factory = None
+
     pod_resources = None
     if factory is not None and not args.no_pod_resources:
         # The kubelet's device assignments (RDMA devices of pods); a missing socket is logged once, not an error.
@@ -195,10 +279,22 @@ def cmd_run(args) -> int:
 
         pod_resources = PodResourcesSource(_roots(args))
 
+    config_source = None
+    if args.config_map:  # the tenants ConfigMap through the API, e.g. kubeflow/training-network-isolation
+        from .discovery.kubernetes.configmap import ConfigMapSource
+
+        config_source = ConfigMapSource(args.config_map, kubeconfig=args.kubeconfig)
+    cilium_factory = None
+    if args.cilium_policies:  # CiliumNetworkPolicy bandwidth from the cluster (issue 12)
+        def cilium_factory(on_change):
+            from .discovery.kubernetes.ciliumpolicies import CiliumPolicyView
+
+            return CiliumPolicyView(on_change, kubeconfig=args.kubeconfig)
     d = Daemon(args.config, lambda pods: _reconciler(args, pods_source=pods, pod_resources=pod_resources),
                resync_interval_s=args.resync_interval, metrics_address=args.metrics_address,
                netns=getattr(args, "netns", None), pod_watcher_factory=factory, pod_resources=pod_resources,
-               sm_check_settings=SmCheckSettings(interval_s=args.sm_check_interval, max_vls=dict(args.max_vls)))
+               sm_check_settings=SmCheckSettings(interval_s=args.sm_check_interval, max_vls=dict(args.max_vls)),
+               config_source=config_source, volcano_factory=volcano_factory, cilium_factory=cilium_factory)
     return d.run()
 
 
@@ -232,7 +328,8 @@ def cmd_demo(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="shaperd", description=__doc__.splitlines()[0])
-    ap.add_argument("--version", action="version", version=f"shaperd {__version__}")
+    ap.add_argument("--version", action=cli_meta.VersionAction,
+                    help="print version, git commit, Python and pyroute2, and exit")
     ap.add_argument("--log-json", dest="log_json", action="store_true", default=None,
                     help="JSON log lines (default when stderr is not a terminal)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -250,14 +347,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check-config", help="validate a tenants file and print the normalised tenants table")
     p.add_argument("file")
+    output.add_output(p)
     p.set_defaults(fn=cmd_check_config)
 
     p = sub.add_parser("plan", help="print the desired state as equivalent tc commands (no root needed)")
     node_opts(p)
+    output.add_output(p, "text: tc commands (default); json|yaml: the planned objects")
     p.set_defaults(fn=cmd_plan)
 
-    p = sub.add_parser("diff", help="print what apply would change on this node")
+    p = sub.add_parser("diff", help="print what apply would change on this node; exit 0 in sync, 1 changes "
+                       "pending, 2 bad input, 3 a device unreadable or left alone")
     node_opts(p)
+    output.add_output(p)
     p.add_argument("--take-over", action="store_true", help="replace a root qdisc shaperd does not own")
     p.set_defaults(fn=cmd_diff)
 
@@ -279,6 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig for the API (default: in-cluster service account, else $KUBECONFIG, ~/.kube/config)")
     p.add_argument("--no-kubernetes", action="store_true", help="do not watch pods even if NODE_NAME is set")
+    p.add_argument("--config-map", default=None, metavar="NAMESPACE/NAME", type=_config_map_arg,
+                   help="read and watch the tenants file from this ConfigMap through the API instead of --config")
+    p.add_argument("--cilium-policies", action="store_true",
+                   help="add the bandwidth scopes of the cluster's CiliumNetworkPolicies (cilium.io/v2) to the tenants")
     p.add_argument("--no-pod-resources", action="store_true",
                    help="do not ask the kubelet's pod-resources API (<kubelet root>/pod-resources/kubelet.sock) "
                         "which RDMA devices pods hold; use the tenants file's rdma.devices only")
@@ -290,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="live per-tenant class stats from the kernel")
     node_opts(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    output.add_output(p)
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="rate window (default 1)")
     p.set_defaults(fn=cmd_status)
@@ -302,15 +407,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print one view (after one interval) and exit")
     p.add_argument("-n", "--iterations", type=int, default=None, metavar="N",
                    help="print N views and exit (default: until interrupted)")
+    output.add_output(p, "text (default); json|yaml: one document per view (JSON: one line each)")
     p.set_defaults(fn=cmd_top)
 
     p = sub.add_parser("teardown", help="remove what shaperd owns and nothing else")
     node_opts(p, config=False)
+    p.add_argument("--dry-run", action="store_true", help="print what would be removed; send nothing")
+    output.add_output(p)
     p.set_defaults(fn=cmd_teardown)
 
     from . import cli_rdma
 
     cli_rdma.register(sub, node_opts)
+    cli_meta.register(sub)
 
     p = sub.add_parser("webhook", help="the mutating admission webhook: adds each tenant's NCCL settings to its pods")
     from . import webhook

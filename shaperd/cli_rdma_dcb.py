@@ -9,14 +9,15 @@ and what is not enforced (a driver without the op, a netdev without DCB).
 
 from __future__ import annotations
 
-import json
 import sys
+
+from . import cli_output as output
 
 
 def register(sub, node_opts) -> None:
     p = sub.add_parser("dcb", help="RoCE DCB per uplink: planned vs read back (ETS, max rates, APP, PFC)")
     node_opts(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    output.add_output(p)
     p.set_defaults(fn=run)
 
 
@@ -93,6 +94,6 @@ def run(args) -> int:
     cfg = load_file(args.config)
     roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
     st = collect(cfg, roots, getattr(args, "netns", None))
-    print(json.dumps(st, indent=1) if args.json else render(st))
+    print(output.dump(st, args.output) if output.machine(args) else render(st))
     sys.stdout.flush()
     return 2 if st["problems"] else 0

@@ -8,15 +8,16 @@ exits 0: there is nothing to group here.
 
 from __future__ import annotations
 
-import json
 import sys
+
+from . import cli_output as output
 
 
 def register(sub, node_opts) -> None:
     p = sub.add_parser("devlink", help="tenants' devlink rate nodes: planned, in the kernel, pending writes",
                        description=__doc__.splitlines()[0])
     node_opts(p)
-    p.add_argument("--json", action="store_true", help="print JSON")
+    output.add_output(p)
     p.set_defaults(fn=run)
 
 
@@ -64,8 +65,8 @@ def run(args) -> int:
     cfg = load_file(args.config)
     roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
     out = collect(cfg, roots, lambda: nl.DevlinkNl(args.netns, run_root=args.run_root))
-    if args.json:
-        print(json.dumps(out, indent=1))
+    if output.machine(args):
+        output.emit(out, args)
         return 0
     for line in out["notes"]:
         print(line)

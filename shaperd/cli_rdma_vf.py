@@ -11,14 +11,14 @@ whose reported minimum is 0 while one is wanted says so. Exit 0 in sync,
 
 from __future__ import annotations
 
-import json
+from . import cli_output as output
 
 
 def register(sub, node_opts) -> None:
     p = sub.add_parser("vf-rates", help="each tenant's SR-IOV VF rates: wanted and as the PF reports them",
                        description=__doc__.splitlines()[0])
     node_opts(p)
-    p.add_argument("--json", action="store_true", help="one JSON object")
+    output.add_output(p)
     p.set_defaults(fn=run)
 
 
@@ -82,8 +82,8 @@ def run(args) -> int:
     out = as_json(backend, rep, refusals)
     table = out["vfs"]
     bad = [t for t in rep.devices if t.ops or t.blocked or t.error]
-    if args.json:
-        print(json.dumps(out, indent=2))
+    if output.machine(args):
+        output.emit(out, args, indent=2)
         return 1 if bad else 0
     for w in backend.snapshot.desired.warnings:
         print(f"warning: {w}")

@@ -43,6 +43,22 @@ class Match:
     pod_labels: Mapping[str, str] | None = None
     namespaces: tuple[str, ...] = ()
     cgroups: tuple[str, ...] = ()
+    # Volcano queues: a pod in one of them (through its PodGroup) is this tenant's.
+    volcano_queues: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Destination:
+    """A destination scope (``tenants[].destinations[]``): the tenant's traffic towards ``cidrs`` has its own cap.
+
+    The scope's limit caps that traffic; the tenant's other traffic keeps the
+    tenant's own limit, and the tenant's limit caps both together.
+    """
+
+    cidrs: tuple[IPNetwork, ...]
+    limit_bps: int
+    # Where it came from: "tenants file" or "CiliumNetworkPolicy <ns>/<name>" (check-config, logs).
+    origin: str = field(default="tenants file", compare=False)
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,9 @@ class Tenant:
     priority: int
     match: Match = field(default_factory=Match)
     rdma: Rdma = field(default_factory=Rdma)
+    destinations: tuple[Destination, ...] = ()
+    # "volcanoQueue": the priority follows the weight of the tenant's Volcano queue (when known).
+    priority_from: str | None = None
 
     def effective_pod_labels(self) -> Mapping[str, str]:
         return self.match.pod_labels if self.match.pod_labels is not None else {DEFAULT_POD_LABEL: self.name}
@@ -112,6 +131,8 @@ class Config:
     node: Node
     tenants: tuple[Tenant, ...]
     source: str = "<memory>"
+    # Documents of a multi-document file that shaperd does not use, one line each (shaperd/manifests.py).
+    ignored: tuple[str, ...] = ()
 
     def tenant(self, name: str) -> Tenant:
         return next(t for t in self.tenants if t.name == name)
@@ -162,6 +183,11 @@ def load_file(path: str | Path) -> Config:
 
 
 def load_text(text: str, source: str = "<memory>") -> Config:
+    from .manifests import load_documents  # a file of several documents is a set of Kubernetes objects
+
+    docs = load_documents(text, source)
+    if docs is not None:
+        return docs
     doc = _yaml(text, source)
     prefix = ""
     if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
@@ -189,14 +215,17 @@ def from_dict(doc: Any, source: str = "<memory>", prefix: str = "") -> Config:
 
 _TOP_KEYS = {"tenants", "node"}
 _NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver", "markMask", "dataplane"}
-_TENANT_KEYS = {"name", "bandwidthGuarantee", "bandwidthLimit", "priority", "match", "rdma"}
+_TENANT_KEYS = {"name", "bandwidthGuarantee", "bandwidthLimit", "priority", "match", "rdma", "destinations",
+                "priorityFrom"}
+PRIORITY_FROM = ("volcanoQueue",)
+_DEST_KEYS = {"cidrs", "bandwidthLimit"}
 _RDMA_KEYS = {"devices", "serviceLevel", "trafficClass", "nccl"}
 _RDMA_DEV_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.-]{1,63})(:(?P<port>[0-9]{1,3}))?$")
 _PCI_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _NCCL_KEY_RE = re.compile(r"^NCCL_[A-Z0-9_]+$")
 # Managed by shaperd from rdma.devices/serviceLevel/trafficClass: a passthrough value would contradict them.
 _NCCL_DERIVED = {"NCCL_IB_HCA", "NCCL_IB_SL", "NCCL_IB_TC"}
-_MATCH_KEYS = {"cidrs", "interfaces", "podLabels", "namespaces", "cgroups"}
+_MATCH_KEYS = {"cidrs", "interfaces", "podLabels", "namespaces", "cgroups", "volcanoQueues"}
 
 
 class _Validator:
@@ -321,9 +350,49 @@ class _Validator:
             prio = 0
         match = self.match(m.get("match"), f"{path}.match")
         rdma = self.rdma(m.get("rdma"), f"{path}.rdma")
+        dests = self.destinations(m.get("destinations"), f"{path}.destinations")
+        pfrom = m.get("priorityFrom")
+        if pfrom is not None and pfrom not in PRIORITY_FROM:
+            self.bad(f"{path}.priorityFrom", f"expected one of {', '.join(PRIORITY_FROM)}, got {pfrom!r}")
+        elif pfrom == "volcanoQueue" and not match.volcano_queues:
+            self.bad(f"{path}.priorityFrom", "volcanoQueue needs match.volcanoQueues")
         if len(self.problems) != before or name is None or guarantee is None:
             return None
-        return Tenant(name=name, guarantee_bps=guarantee, limit_bps=limit, priority=prio, match=match, rdma=rdma)
+        return Tenant(name=name, guarantee_bps=guarantee, limit_bps=limit, priority=prio, match=match, rdma=rdma,
+                      destinations=dests, priority_from=pfrom)
+
+    def destinations(self, obj: Any, path: str) -> tuple[Destination, ...]:
+        if obj is None:
+            return ()
+        if not isinstance(obj, list):
+            self.bad(path, "expected a list of {cidrs: [...], bandwidthLimit: ...}")
+            return ()
+        out: list[Destination] = []
+        seen: dict[IPNetwork, int] = {}
+        for j, d in enumerate(obj):
+            m = self.mapping(d, f"{path}[{j}]")
+            if m is None:
+                continue
+            self.keys(m, _DEST_KEYS, f"{path}[{j}]")
+            cidrs: list[IPNetwork] = []
+            raw = self.str_list(m.get("cidrs"), f"{path}[{j}].cidrs")
+            if not raw:
+                self.bad(f"{path}[{j}].cidrs", "required; expected a non-empty list of destination prefixes")
+            for k, c in enumerate(raw):
+                try:
+                    net = ipaddress.ip_network(c, strict=True)
+                except ValueError as e:
+                    self.bad(f"{path}[{j}].cidrs[{k}]", f"expected an IPv4 or IPv6 prefix such as 10.244.0.0/16: {e}")
+                    continue
+                if net in seen:
+                    self.bad(f"{path}[{j}].cidrs[{k}]", f"{net} is already scoped by {path}[{seen[net]}]")
+                    continue
+                seen[net] = j
+                cidrs.append(net)
+            limit = self.rate(m.get("bandwidthLimit"), f"{path}[{j}].bandwidthLimit", required=True)
+            if cidrs and limit is not None:
+                out.append(Destination(cidrs=tuple(cidrs), limit_bps=limit))
+        return tuple(out)
 
     def rdma(self, obj: Any, path: str) -> Rdma:
         m = self.mapping(obj, path)
@@ -391,6 +460,7 @@ class _Validator:
             pod_labels=dict(labels) if labels is not None else None,
             namespaces=tuple(self.str_list(m.get("namespaces"), f"{path}.namespaces")),
             cgroups=tuple(self.str_list(m.get("cgroups"), f"{path}.cgroups")),
+            volcano_queues=tuple(self.str_list(m.get("volcanoQueues"), f"{path}.volcanoQueues")),
         )
 
     def cross_checks(self, node: Node, tenants: list[tuple[int, Tenant]]) -> None:

@@ -27,6 +27,8 @@ class Capabilities:
     htb: bool = True
     u32: bool = True
     bpf: bool = False
+    # eBPF maps (LPM trie) and direct-action cls_bpf on clsact: the map classifier can run.
+    bpf_maps: bool = False
     # Leaf qdisc kinds available, in order of preference among those we use.
     leaf_kinds: frozenset[str] = frozenset({"bfifo"})
     notes: tuple[str, ...] = ()
@@ -63,6 +65,8 @@ class Pod:
     rdma_devices: tuple[str, ...] = ()
     # Why something could not be resolved (logged and retried on the next resync).
     problems: tuple[str, ...] = ()
+    # Its Volcano queue (PodGroup spec.queue, else queue-name label/annotation), when Volcano is watched.
+    volcano_queue: str | None = None
 
     @property
     def ref(self) -> str:

@@ -1,8 +1,9 @@
-"""Logging set-up: structlog, JSON lines in a container, key=value on a terminal."""
+"""Logging set-up: structlog, JSON lines in a container, key=value on a terminal (coloured unless NO_COLOR)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import structlog
@@ -12,7 +13,9 @@ def configure(json: bool | None = None, level: str = "info") -> None:
     """``json=None`` picks JSON when stderr is not a terminal (DaemonSet, journald)."""
     if json is None:
         json = not sys.stderr.isatty()
-    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    # Colour on a terminal only, and never with NO_COLOR set (https://no-color.org).
+    colors = not os.environ.get("NO_COLOR") and sys.stderr.isatty()
+    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=colors)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

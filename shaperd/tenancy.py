@@ -69,6 +69,7 @@ def pod_tenants(cfg: Config, pods: tuple[Pod, ...]) -> tuple[dict[str, str], lis
             t.name for t in cfg.tenants
             if all(labels.get(k) == v for k, v in t.effective_pod_labels().items())
             or pod.namespace in t.match.namespaces
+            or (pod.volcano_queue is not None and pod.volcano_queue in t.match.volcano_queues)
         ]
         if len(hits) == 1:
             out[pod.uid] = hits[0]

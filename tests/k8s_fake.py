@@ -81,6 +81,10 @@ class FakeKubeAPI:
         self.drop_gen = 0
         self.up_gen = 0
         self.requests: list[dict] = []
+        # Other collections (ConfigMaps, CRDs such as Volcano's): path -> key -> object; an unregistered
+        # path answers 404, like an API group that is not installed.
+        self.objects: dict[str, dict[str, dict]] = {}
+        self.obj_events: list[tuple[int, str, str, dict]] = []  # (rv, collection path, type, object)
         self.host = host
         self._server = _Server(self, (host, port))
         self.port = self._server.server_address[1]
@@ -215,6 +219,78 @@ class FakeKubeAPI:
             self.hanging = on
             self._cond.notify_all()
 
+    # ---- other collections
+
+    def collection(self, path: str) -> None:
+        """Serve ``path`` (e.g. /apis/scheduling.volcano.sh/v1beta1/podgroups): list and watch."""
+        with self._cond:
+            self.objects.setdefault(path, {})
+
+    def put_object(self, path: str, obj: dict) -> dict:
+        """Create or replace an object in a collection (ADDED or MODIFIED); a namespaced collection path
+        (/api/v1/namespaces/NS/configmaps) and the all-namespaces path both see it."""
+        with self._cond:
+            meta = obj["metadata"]
+            key = f"{meta.get('namespace')}/{meta['name']}" if meta.get("namespace") else meta["name"]
+            coll = self.objects.setdefault(path, {})
+            etype = "MODIFIED" if key in coll else "ADDED"
+            self.rv += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            coll[key] = obj
+            self.obj_events.append((self.rv, path, etype, obj))
+            self._cond.notify_all()
+            return obj
+
+    def delete_object(self, path: str, key: str) -> None:
+        with self._cond:
+            obj = self.objects[path].pop(key)
+            self.rv += 1
+            self.obj_events.append((self.rv, path, "DELETED", obj))
+            self._cond.notify_all()
+
+    def _serve_objects(self, handler: "_Handler", path: str, q: dict, watch: bool) -> None:
+        sel = q.get("fieldSelector", "")
+        name = sel.split("=", 1)[1] if sel.startswith("metadata.name=") else None
+
+        def chosen(obj: dict) -> bool:
+            return name is None or obj["metadata"]["name"] == name
+
+        if not watch:
+            with self._cond:
+                items = [o for o in self.objects[path].values() if chosen(o)]
+                body = {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)},
+                        "items": items}
+            return handler._json(200, body)
+        since = int(q.get("resourceVersion") or 0)
+        deadline = time.monotonic() + float(q.get("timeoutSeconds") or 1800)
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        with self._cond:
+            drop_gen, up_gen = self.drop_gen, self.up_gen
+        try:
+            while True:
+                with self._cond:
+                    while True:
+                        if self.drop_gen != drop_gen or self.up_gen != up_gen or not self.running:
+                            handler.close_connection = True
+                            return
+                        pending = [e for e in self.obj_events if e[0] > since and e[1] == path and chosen(e[3])]
+                        if pending or time.monotonic() >= deadline:
+                            break
+                        self._cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                if not pending:
+                    break
+                for rv, _, etype, obj in pending:
+                    handler._chunk(json.dumps({"type": etype, "object": obj}))
+                    since = rv
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            handler.close_connection = True
+
     # ---- queries for assertions
 
     def watch_requests(self) -> list[dict]:
@@ -253,6 +329,8 @@ class _Handler(BaseHTTPRequestHandler):
             if not fake.running or fake.up_gen != gen:
                 self.close_connection = True
                 return
+        if url.path in fake.objects:
+            return fake._serve_objects(self, url.path, q, watch)
         if url.path != "/api/v1/pods":
             return self._json(404, {"kind": "Status", "code": 404, "reason": "NotFound", "message": "not here"})
         node = None

@@ -198,6 +198,31 @@ class Kernel:
             return set()
         return {(d["keys"], d["classid"]) for d in map(decode_filter, filters) if "keys" in d}
 
+    def src_in_classifier(self) -> set[tuple]:
+        """(keys, classid) for every source prefix in the eBPF map classifier on up0 (empty on the u32 path).
+
+        The program id comes from tc's own JSON dump, the entries from the maps by id."""
+        import json as _json
+
+        from shaperd.backends.htb.objects import src_prefix_keys
+        from shaperd.kernel import bpf_classify
+        from shaperd_bed import netns as bed_netns
+
+        out = bed_netns.run(("tc", "-j", "filter", "show", "dev", "up0", "egress"), self.netns, check=False).stdout
+        ids = [f["options"]["prog"]["id"] for f in _json.loads(out or "[]")
+               if f.get("options", {}).get("bpf_name", "").startswith("shpd_c") and "prog" in f["options"]]
+        if not ids:
+            return set()
+        with bpf_classify.ClassifierMaps.adopt(ids[0]) as maps:
+            entries = {**maps.maps["src4"].items(), **maps.maps["src6"].items()}
+        got = set()
+        for key, val in entries.items():
+            plen = int.from_bytes(key[:4], "little")
+            net = ipaddress.ip_network((ipaddress.ip_address(key[4:]), plen))
+            keys = tuple(sorted(((k.value, k.mask, k.offset) for k in src_prefix_keys(net)), key=lambda k: k[2]))
+            got.add((keys, int.from_bytes(val, "little")))
+        return got
+
     def state(self) -> dict[str, list]:
         """Normalised kernel state of the node: comparable across a teardown and a fresh apply.
 
@@ -321,10 +346,11 @@ def expected_u32(pod: PodSpec) -> set[tuple]:
 
 
 def enforced(k: Kernel, pod: PodSpec) -> bool:
-    return k.mark_name(k.ifindex(pod.host_if)) is not None and expected_u32(pod) <= k.u32_on_uplink()
+    return k.mark_name(k.ifindex(pod.host_if)) is not None and expected_u32(pod) <= (k.u32_on_uplink()
+                                                                                     | k.src_in_classifier())
 
 
 def gone(k: Kernel, pod: PodSpec, veth_present: bool) -> bool:
     if veth_present and k.mark_name(k.ifindex(pod.host_if)) is not None:
         return False
-    return not (expected_u32(pod) & k.u32_on_uplink())
+    return not (expected_u32(pod) & (k.u32_on_uplink() | k.src_in_classifier()))

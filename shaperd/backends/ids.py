@@ -13,7 +13,7 @@ import hashlib
 from .htb.objects import HANDLE_MAJOR, TENANT_MINOR_FIRST, TENANT_MINOR_LAST
 
 
-def assign_minors(names: list[str] | tuple[str, ...]) -> dict[str, int]:
+def assign_minors(names: list[str] | tuple[str, ...], taken_minors: frozenset[int] = frozenset()) -> dict[str, int]:
     """Class minor per tenant, derived from its name (stable across restarts).
 
     A hash of the name picks the slot; collisions are resolved by probing in
@@ -21,7 +21,7 @@ def assign_minors(names: list[str] | tuple[str, ...]) -> dict[str, int]:
     handle's major is skipped because leaf qdisc majors equal class minors.
     """
     span = TENANT_MINOR_LAST - TENANT_MINOR_FIRST + 1
-    taken = {HANDLE_MAJOR}
+    taken = {HANDLE_MAJOR, *taken_minors}  # taken_minors: tenants' classes, when assigning their scope leaves
     out: dict[str, int] = {}
     for name in sorted(names):
         h = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % span

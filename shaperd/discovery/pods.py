@@ -83,6 +83,7 @@ def resolve(reader, pod_infos, links: tuple[Link, ...], cgroup_root: Path | None
                 uid=info.uid, namespace=info.namespace, name=info.name,
                 labels=tuple(sorted(info.labels.items())), ips=tuple(info.ips), host_network=info.host_network,
                 host_ifindex=host_ifindex, host_ifname=host_ifname, cgroup=cg, problems=tuple(problems),
+                volcano_queue=getattr(info, "volcano_queue", None),
             )
         )
     return tuple(out)

@@ -37,6 +37,11 @@ EVENT_DEBOUNCE_S = 0.2
 RETRY_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 # Pod events: a short coalescing window keeps "classified within 1 s of the API event".
 POD_DEBOUNCE_S = 0.05
+# systemd's watchdog (report/sdnotify.py) is fed only while fewer reconciles than this failed in a
+# row: with RETRY_BACKOFF_S that is about 4 minutes of failing before systemd restarts the agent.
+WATCHDOG_MAX_FAILURES = 10
+# How long a first reconcile waits for the Volcano (or Cilium policy) lists before it goes on without them.
+VOLCANO_SYNC_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -58,8 +63,22 @@ def stamp(path: str) -> FileStamp | None:
 class Daemon:
     def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0,
                  metrics_address: str | None = None, netns: str | None = None, pod_watcher_factory=None,
-                 pod_resources=None, sm_check_settings=None):
+                 pod_resources=None, sm_check_settings=None, config_source=None, volcano_factory=None,
+                 cilium_factory=None):
         self.path = config_path
+        # discovery.kubernetes.configmap.ConfigMapSource (--config-map): the tenants file through the API.
+        self.config_source = config_source
+        self.config_changed = False
+        # factory(on_change) -> discovery.kubernetes.volcano.VolcanoView, started once a tenant uses Volcano.
+        self.volcano_factory = volcano_factory
+        self.volcano = None
+        # factory(on_change) -> discovery.kubernetes.ciliumpolicies.CiliumPolicyView (--cilium-policies).
+        self.cilium_factory = cilium_factory
+        self.cilium = None
+        self._cilium_since = 0.0
+        self._effective: Config | None = None  # the config enforced: after policies and queue weights
+        self._volcano_since = 0.0
+        self._volcano_unsynced_said = False
         self.make_reconciler = make_reconciler
         self.resync_s = resync_interval_s
         self.log = log.get("shaperd.daemon")
@@ -89,6 +108,9 @@ class Daemon:
         self.pod_resources = pod_resources
         self._wake_fd: int | None = None
         self.events = None  # kernel.events.KernelEvents while running
+        from ..report.sdnotify import Notifier
+
+        self.notify = Notifier()  # sd_notify to systemd; a no-op outside a Type=notify unit
 
     # -- signals -------------------------------------------------------
     def _on_term(self, signum, _frame) -> None:
@@ -100,11 +122,14 @@ class Daemon:
     # -- config --------------------------------------------------------
     def load(self, why: str) -> bool:
         """Try the file; keep the last good config on failure. True if the config changed."""
-        self.stamp = stamp(self.path)
+        src = self.config_source
+        if src is None:
+            self.stamp = stamp(self.path)
         try:
-            cfg = load_file(self.path)
+            cfg = src.load() if src is not None else load_file(self.path)
         except ConfigError as e:
-            self.log.error("config rejected", file=self.path, reason=why, problems=[str(p) for p in e.problems],
+            self.log.error("config rejected", file=src.describe if src else self.path, reason=why,
+                           problems=[str(p) for p in e.problems],
                            keeping="last good config" if self.config else "nothing enforced yet")
             if self.metrics:
                 self.metrics.config_loaded(False)
@@ -115,7 +140,8 @@ class Daemon:
             self.config_gen += 1
         if self.metrics:
             self.metrics.config_loaded(True, cfg)
-        self.log.info("config loaded", file=self.path, reason=why, tenants=len(cfg.tenants), changed=changed)
+        self.log.info("config loaded", file=src.describe if src else self.path, reason=why, tenants=len(cfg.tenants),
+                      changed=changed)
         return True
 
     # -- main loop -----------------------------------------------------
@@ -134,11 +160,18 @@ class Daemon:
             self.pods = self.pod_watcher_factory(self._on_pods_changed)
             self.pods.start()
             self.log.info("watching pods", node=self.pods.node_name if hasattr(self.pods, "node_name") else None)
+        if self.config_source is not None:
+            self.config_source.start(self._on_config_changed)
+        if self.cilium_factory is not None:
+            self.cilium = self.cilium_factory(self._on_pods_changed)  # a policy change wakes us like a pod event
+            self.cilium.start()
+            self._cilium_since = time.monotonic()
         rec = self.make_reconciler(self._pods_snapshot if self.pods is not None else None)
         server = self._start_observability(rec)
         self.log.info("started", config=self.path, resync_interval_s=self.resync_s,
                       capabilities=list(rec.capabilities.notes))
-        self.load("start")
+        if self.config_source is None:
+            self.load("start")  # a ConfigMap loads when its first list arrives (config_changed)
         due = time.monotonic()  # reconcile now
         next_resync = due + self.resync_s
         next_poll = time.monotonic() + FILE_POLL_S
@@ -163,11 +196,17 @@ class Daemon:
                     due = soon if due is None else min(due, soon)
                 if self.reload_requested:
                     self.reload_requested = False
+                    self.notify.reloading()
                     if self.load("SIGHUP"):
+                        due = now
+                    self.notify.reloaded(self._status())
+                if self.config_changed:
+                    self.config_changed = False
+                    if self.load("configmap changed"):
                         due = now
                 if now >= next_poll:
                     next_poll = now + FILE_POLL_S
-                    if stamp(self.path) != self.stamp and self.load("file changed"):
+                    if self.config_source is None and stamp(self.path) != self.stamp and self.load("file changed"):
                         due = now
                     if self.pod_resources is not None and self.pod_resources.poll():
                         due = now
@@ -177,9 +216,17 @@ class Daemon:
                     due = self.reconcile(rec)
                     self._drain()  # the echo of our own writes is not news
                     next_resync = time.monotonic() + self.resync_s
+                self.notify.loop_pass(healthy=self.failures < WATCHDOG_MAX_FAILURES, status=self._status())
         finally:
+            self.notify.stopping()
             if self.pods is not None:
                 self.pods.stop()
+            if self.config_source is not None:
+                self.config_source.stop()
+            if self.volcano is not None:
+                self.volcano.stop()
+            if self.cilium is not None:
+                self.cilium.stop()
             if self.pod_resources is not None:
                 self.pod_resources.close()
             if server is not None:
@@ -196,8 +243,16 @@ class Daemon:
             self.events.close()
             os.close(rpipe)
             os.close(wpipe)
+            self.notify.close()
         self.log.info("stopped; enforcement left in place", reconciles=self.reconciles)
         return 0
+
+    def _status(self) -> str:
+        """One line for systemd's STATUS= (systemctl status)."""
+        if self.config is None:
+            return "no valid tenants file yet; nothing enforced"
+        state = "failing" if self.failures else "in sync"
+        return f"{len(self.config.tenants)} tenants, {self.reconciles} reconciles, {state}"
 
     def _drain(self):
         """Pending kernel events; a failed event socket is reopened (and counts as "everything changed")."""
@@ -223,8 +278,18 @@ class Daemon:
             except OSError:
                 pass  # pipe full: the loop is awake anyway
 
+    def _on_config_changed(self) -> None:
+        """The ConfigMap watcher's thread: flag and wake the loop, like a pod event."""
+        self.config_changed = True
+        if self._wake_fd is not None:
+            try:
+                os.write(self._wake_fd, b"c")
+            except OSError:
+                pass
+
     def _pods_snapshot(self):
-        return list(self.pods.snapshot().values())
+        pods = list(self.pods.snapshot().values())
+        return self.volcano.with_queues(pods) if self.volcano is not None else pods
 
     def reconcile(self, rec) -> float | None:
         """One reconcile; returns when to retry (None = wait for the next trigger)."""
@@ -238,11 +303,39 @@ class Daemon:
                 # leave the kernel as it is (a restarted agent keeps the previous enforcement).
                 self.log.info("waiting for the first pod list before reconciling", error=self.pods.last_error)
                 return time.monotonic() + 1.0
+        cfg = self.config
+        if self.cilium is not None:
+            if not self.cilium.has_synced and time.monotonic() - self._cilium_since < VOLCANO_SYNC_WAIT_S:
+                self.log.info("waiting for the first CiliumNetworkPolicy lists before reconciling")
+                return time.monotonic() + 1.0
+            cfg = self.cilium.effective(cfg)  # bounded wait: unlisted policies add nothing
+        if self.volcano_factory is not None:
+            from ..discovery.kubernetes.volcano import uses_volcano
+
+            if self.volcano is None and uses_volcano(cfg):
+                self.volcano = self.volcano_factory(self._on_pods_changed)  # queue/PodGroup changes wake us like pods
+                self.volcano.start()
+                self._volcano_since = time.monotonic()
+            if self.volcano is not None:
+                if not self.volcano.has_synced:
+                    # A short wait, so a start does not flap pods out of their queues' tenants; bounded, so
+                    # a Volcano watch that cannot list (RBAC, API down) never costs the others enforcement.
+                    if time.monotonic() - self._volcano_since < VOLCANO_SYNC_WAIT_S:
+                        self.log.info("waiting for the first Volcano PodGroup and Queue lists before reconciling")
+                        return time.monotonic() + 1.0
+                    if not self._volcano_unsynced_said:
+                        self._volcano_unsynced_said = True
+                        self.log.warning("Volcano PodGroups/Queues not listed yet; reconciling without queues",
+                                         waited_s=VOLCANO_SYNC_WAIT_S)
+                cfg = self.volcano.effective(cfg)
+        if cfg != self._effective:  # what is enforced changed (file, queue weight, policy): a change, not drift
+            self._effective = cfg
+            self.config_gen += 1
         self.reconciles += 1
         gen = self.config_gen
         start = time.perf_counter()
         try:
-            rep = rec.apply(self.config)
+            rep = rec.apply(cfg)
         except ShaperdError as e:
             self.failures += 1
             delay = RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
@@ -267,7 +360,8 @@ class Daemon:
 
     def _edt_rates(self, rep) -> None:
         """Hand the edt plan to the rate controller loop (engine/edt_loop.py), starting it on first use."""
-        edt = rep.plan.desired.get("edt")
+        plan = getattr(rep, "plan", None)
+        edt = getattr(plan, "desired", {}).get("edt")
         devices = getattr(edt, "devices", ())
         if self.edt_loop is None and devices:
             from .edt_loop import EdtLoop
@@ -307,6 +401,10 @@ class Daemon:
         from ..report import dcb_metrics
 
         dcb_metrics.install(self.metrics, rec.backends)
+        from ..report import classifier_metrics
+
+        classifier_metrics.install(self.metrics, rec.backends)
+
         from ..report import edt_metrics
 
         edt_metrics.install(self.metrics, lambda: self.edt_loop)

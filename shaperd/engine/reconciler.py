@@ -232,8 +232,8 @@ class Reconciler:
             return ApplyResult()
         return b.apply(fresh[0], batch=False)
 
-    def teardown(self) -> Report:
-        """Remove what every backend owns, nothing else."""
+    def teardown(self, dry_run: bool = False) -> Report:
+        """Remove what every backend owns, nothing else; ``dry_run``: report the removals, apply none."""
         start = time.perf_counter()
         inv = self.inventory()
         reads = CachedReads(self.reader)
@@ -243,6 +243,10 @@ class Reconciler:
             outcomes.append(bo)
             try:
                 for td in b.teardown(b.observe(reads, inv)):
+                    if dry_run:  # the same diff, never handed to apply: nothing is sent
+                        bo.targets.append(TargetOutcome(b.name, td.target, ops=list(td.ops), blocked=td.blocked,
+                                                        error=td.error))
+                        continue
                     res = b.apply(td, batch=False)
                     bo.targets.append(TargetOutcome(b.name, td.target, ops=res.applied, failed=res.failed))
                     self._log_writes(b, res)

@@ -231,6 +231,7 @@ class BpfMap:
         self.fd, self.map_type, self.key_size, self.value_size = fd, map_type, key_size, value_size
         self.max_entries, self.name, self.id = max_entries, name, map_id
         self._batch_ok: bool | None = None
+        self._lookup_batch_ok: bool | None = None
 
     # -- lifecycle
     def close(self) -> None:
@@ -316,7 +317,42 @@ class BpfMap:
         return out
 
     def items(self) -> dict[bytes, bytes]:
-        """Every entry as {key: value} (entries deleted during the walk are skipped)."""
+        """Every entry as {key: value}: BPF_MAP_LOOKUP_BATCH (5.6+; a few syscalls for any size)
+        where the kernel has it for this map type, else a get_next_key walk (entries deleted
+        during the walk are skipped)."""
+        if self._lookup_batch_ok is not False:
+            got = self._items_batched()
+            if got is not None:
+                self._lookup_batch_ok = True
+                return got
+            self._lookup_batch_ok = False
+        return self._items_walk()
+
+    def _items_batched(self, chunk: int = 4096) -> dict[bytes, bytes] | None:
+        out: dict[bytes, bytes] = {}
+        ks, vs = self.key_size, self.value_bytes
+        keys = ctypes.create_string_buffer(ks * chunk)
+        vals = ctypes.create_string_buffer(vs * chunk)
+        tok_in = ctypes.create_string_buffer(max(ks, 8))
+        tok_out = ctypes.create_string_buffer(max(ks, 8))
+        first = True
+        while True:
+            attr = _BatchAttr(in_batch=0 if first else ctypes.addressof(tok_in), out_batch=ctypes.addressof(tok_out),
+                              keys=ctypes.addressof(keys), values=ctypes.addressof(vals), count=chunk, map_fd=self.fd)
+            r, err = _bpf(_MAP_LOOKUP_BATCH, attr)
+            if r < 0 and err not in (_errno.ENOENT,):
+                if first and err in _NO_BATCH:
+                    return None
+                raise BpfMapError(f"batch look up {self.label}: {os.strerror(err)}", err)
+            raw_k, raw_v = keys.raw, vals.raw
+            for i in range(attr.count):
+                out[raw_k[i * ks:(i + 1) * ks]] = raw_v[i * vs:(i + 1) * vs]
+            if r < 0:  # ENOENT: that was the last chunk
+                return out
+            ctypes.memmove(tok_in, tok_out, len(tok_out))
+            first = False
+
+    def _items_walk(self) -> dict[bytes, bytes]:
         out = {}
         for k in self.keys():
             v = self.lookup(k)

@@ -18,15 +18,41 @@ from . import netns as netns_mod
 from . import tc as _tc  # noqa: F401 - registers the bfifo codec with pyroute2
 
 
-def probe_capabilities() -> Capabilities:
+def default_qdisc(procfs_root: str = "/proc") -> str | None:
+    """net.core.default_qdisc: the kernel instantiates it on every new device, so it is built in or loadable."""
+    try:
+        with open(os.path.join(procfs_root, "sys", "net", "core", "default_qdisc")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def probe_capabilities(procfs_root: str = "/proc") -> Capabilities:
     name = f"shaperd-probe-{os.getpid()}"
     notes: list[str] = []
     try:
         netns.create(name)
     except OSError as e:
-        # Not root, or no netns support: assume the common kernel set, say so.
-        return Capabilities(htb=True, u32=True, bpf=False, leaf_kinds=frozenset({"bfifo"}),
-                            notes=(f"capability probe skipped ({e.strerror or e}); assuming htb, u32, bfifo",))
+        # No CAP_SYS_ADMIN (the DaemonSet and the systemd unit drop it), or no netns support:
+        # assume the common kernel set, say so. Loading a do-nothing SCHED_CLS program touches
+        # no device, so cls_bpf is still tested here rather than assumed missing.
+        from . import bpf, bpf_classify
+
+        bpf_ok, why = bpf.bpf_supported()
+        # The map classifier: its maps made and its program loaded, not attached (no probe device).
+        maps_ok, maps_why = bpf_classify.probe_load() if bpf_ok else (False, "cls_bpf unavailable")
+        # fq_codel leaves when the node's default qdisc is fq_codel (systemd's default): it exists there.
+        leaf = {"bfifo"} | ({"fq_codel"} if default_qdisc(procfs_root) == "fq_codel" else set())
+        notes = [f"capability probe skipped ({e.strerror or e}); assuming htb, u32, {', '.join(sorted(leaf))}"]
+        if not bpf_ok:
+            notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
+        if os.environ.get("SHAPERD_CLASSIFIER", "") == "u32" and maps_ok:
+            maps_ok = False
+            notes.append("classifier: u32 path (SHAPERD_CLASSIFIER=u32)")
+        elif not maps_ok:
+            notes.append(f"eBPF map classifier unavailable ({maps_why}): classifying with u32 filters")
+        return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, leaf_kinds=frozenset(leaf),
+                            notes=tuple(notes))
     try:
         with netns_mod.entered(name):
             ipr = IPRoute()  # a socket keeps the namespace it was made in
@@ -50,19 +76,26 @@ def probe_capabilities() -> Capabilities:
             _off_ok, off_why = htb_offload(ipr, idx_off, "veth")
             if not _off_ok:
                 notes.append(f"{off_why} (probe): HTB offload is decided per device (backends/htb/offload.py)")
-        from . import bpf
+            from . import bpf, bpf_classify
 
-        bpf_ok, why = bpf.bpf_supported()
+            bpf_ok, why = bpf.bpf_supported()
+            maps_ok, maps_why = bpf_classify.probe(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
         if not bpf_ok:
             notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
+        forced = os.environ.get("SHAPERD_CLASSIFIER", "")
+        if forced == "u32" and maps_ok:
+            maps_ok = False
+            notes.append("classifier: u32 path (SHAPERD_CLASSIFIER=u32)")
+        elif not maps_ok:
+            notes.append(f"eBPF map classifier unavailable ({maps_why}): classifying with u32 filters")
         if "fq_codel" not in leaf:
             notes.append("fq_codel missing: leaf queues are bfifo sized in time at the class ceiling")
         if not edt_fq:
             notes.append("edt unavailable: sch_fq missing (node.dataplane edt/auto fall back to htb)")
         elif not edt_mq:
             notes.append("edt unavailable: mq missing (node.dataplane edt/auto fall back to htb)")
-        return Capabilities(htb=True, u32=u32, bpf=bpf_ok, leaf_kinds=frozenset(leaf), notes=tuple(notes),
-                            fq=edt_fq, mq=edt_mq)
+        return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, leaf_kinds=frozenset(leaf),
+                            notes=tuple(notes), fq=edt_fq, mq=edt_mq)
     finally:
         try:
             netns.remove(name)

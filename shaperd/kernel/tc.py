@@ -133,7 +133,9 @@ def _leaf_options(q: LeafQdisc) -> dict:
 
 
 def _u32_options(f: U32Filter) -> dict:
-    keys = [f"0x{k.value:08x}/0x{k.mask:08x}+{k.offset}" for k in f.keys]
+    # pyroute2 shifts the offset per leading zero byte of a zero-padded mask; an all-zero mask (tc's
+    # "match u32 0 0", a scoped tenant's catch-all) must be written unpadded or it fails to parse.
+    keys = [f"0x{k.value:08x}/0x{k.mask:08x}+{k.offset}" if k.mask else f"0x0/0x0+{k.offset}" for k in f.keys]
     attrs = [["TCA_U32_CLASSID", f.classid], ["TCA_U32_SEL", {"flags": TC_U32_TERMINAL, "keys": keys}]]
     if f.mark is not None:
         attrs.append(["TCA_U32_MARK", {"val": f.mark[0], "mask": f.mark[1], "success": 0}])
@@ -142,7 +144,7 @@ def _u32_options(f: U32Filter) -> dict:
 
 def _u32_filter(op: htb.AddU32Filter, fd: int | None):
     f = op.filter
-    return _msg(RTM_NEWTFILTER, _F_ADD, op.ifindex, 0, ROOT_HANDLE, _info(f.prio, f.protocol), "u32", _u32_options(f))
+    return _msg(RTM_NEWTFILTER, _F_ADD, op.ifindex, 0, f.parent, _info(f.prio, f.protocol), "u32", _u32_options(f))
 
 
 def _bpf_filter(op: htb.AddBpfFilter, fd: int | None):
@@ -191,9 +193,9 @@ ENCODERS = {
                                       kind=op.leaf.kind, options=_leaf_options(op.leaf)),
     htb.AddU32Filter: _u32_filter,
     htb.AddBpfFilter: _bpf_filter,
-    htb.DeleteFilter: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, op.filter.handle, ROOT_HANDLE,
+    htb.DeleteFilter: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, op.filter.handle, op.filter.parent,
                                            _info(op.filter.prio, op.filter.protocol), op.filter.kind),
-    htb.DeleteFilterGroup: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, 0, ROOT_HANDLE,
+    htb.DeleteFilterGroup: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, 0, op.parent,
                                                 _info(op.prio, op.protocol)),
     marks.AddClsact: lambda op, _fd: _msg(RTM_NEWQDISC, _F_ADD, op.ifindex, CLSACT_HANDLE, TC_H_CLSACT, kind="clsact"),
     marks.SetMark: _set_mark,

@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from .. import __version__
+from .. import __version__, buildinfo
 from .exposition import Families, escape_label_value, label_text, render_family
 from .health import AgentState
 from .sampler import Sampler, Snapshot
@@ -42,9 +42,9 @@ TENANT_LABELS = ("tenant", "device", "path")  # path: "tc" here; report/rdma_met
 TENANT_FAMILIES = (
     ("counter", "shaperd_tenant_transmit_bytes", "Bytes the tenant's HTB class sent (L2 frame length, as HTB counts)", "bytes"),
     ("counter", "shaperd_tenant_transmit_packets", "Packets the tenant's class sent (GSO segments counted one by one)", "packets"),
-    ("gauge", "shaperd_tenant_transmit_rate_bits_per_second", "Egress rate over the sampler's rate window (2 s)", "rate_bps"),
-    ("gauge", "shaperd_tenant_guarantee_bits_per_second", "Configured guarantee (HTB rate) on this device", "guarantee_bps"),
-    ("gauge", "shaperd_tenant_limit_bits_per_second", "Configured limit (HTB ceil) on this device; capacity if unset", "limit_bps"),
+    ("gauge", "shaperd_tenant_transmit_rate_bytes_per_second", "Egress rate over the sampler's rate window (2 s), bytes per second", "rate_Bps"),
+    ("gauge", "shaperd_tenant_guarantee_bytes_per_second", "Configured guarantee (HTB rate) on this device, bytes per second", "guarantee_Bps"),
+    ("gauge", "shaperd_tenant_limit_bytes_per_second", "Configured limit (HTB ceil) on this device, bytes per second; capacity if unset", "limit_Bps"),
     ("counter", "shaperd_tenant_dropped_packets", "Packets dropped by the tenant's class queue", "drops"),
     ("counter", "shaperd_tenant_overlimits", "Times HTB throttled the class (its overlimits counter)", "overlimits"),
     ("gauge", "shaperd_tenant_backlog_bytes", "Bytes queued in the tenant's class at the last sample", "backlog_bytes"),
@@ -175,8 +175,9 @@ class AgentCollector(Collector):
                     pf.add_metric([tenant], n)
                 yield pf
         yield from self.hist.collect()
-        info = GaugeMetricFamily("shaperd_build_info", "Version of the running agent", labels=["version"])
-        info.add_metric([__version__], 1)
+        info = GaugeMetricFamily("shaperd_build_info", "Version and git commit of the running agent",
+                                 labels=["version", "commit"])
+        info.add_metric([__version__, buildinfo.cached()["commit"] or "unknown"], 1)
         yield info
 
 

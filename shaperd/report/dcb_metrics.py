@@ -26,9 +26,9 @@ class DcbCollector(Collector):
         status = self.source()
         tc = GaugeMetricFamily("shaperd_tenant_dcb_traffic_class", "The DCB traffic class the tenant's RoCE DSCP "
                                "maps to on the netdev (configured)", labels=LABELS)
-        share = GaugeMetricFamily("shaperd_tenant_dcb_share_percent", "ETS bandwidth share of the tenant's TC "
+        share = GaugeMetricFamily("shaperd_tenant_dcb_share_ratio", "ETS bandwidth share (0-1) of the tenant's TC "
                                   "(shared by the TC's tenants), configured and read back", labels=LABELS + ["source"])
-        rate = GaugeMetricFamily("shaperd_tenant_dcb_maxrate_bits_per_second", "Max rate of the tenant's TC "
+        rate = GaugeMetricFamily("shaperd_tenant_dcb_maxrate_bytes_per_second", "Max rate (bytes per second) of the tenant's TC "
                                  "(IEEE_MAXRATE), configured and read back; absent when unlimited",
                                  labels=LABELS + ["source"])
         readable = GaugeMetricFamily("shaperd_dcb_netdev_readable", "1 if the netdev's DCB configuration could be "
@@ -53,17 +53,17 @@ class DcbCollector(Collector):
             for t in s.configured.tenants:
                 lv = [t.tenant, nd]
                 tc.add_metric(lv, t.tc)
-                share.add_metric(lv + ["configured"], t.share_pct)
+                share.add_metric(lv + ["configured"], t.share_pct / 100)
                 if t.maxrate_kbps:
-                    rate.add_metric(lv + ["configured"], t.maxrate_kbps * 1000)
+                    rate.add_metric(lv + ["configured"], t.maxrate_kbps * 1000 / 8)
                 ets = getattr(s.read, "ets", None)
                 if ets is None:
                     continue
                 read_tc = ets.prio_tc[t.priority]
-                share.add_metric(lv + ["read"], ets.tc_tx_bw[read_tc])
+                share.add_metric(lv + ["read"], ets.tc_tx_bw[read_tc] / 100)
                 have = s.read.maxrate_kbps
                 if have is not None and have[read_tc]:
-                    rate.add_metric(lv + ["read"], have[read_tc] * 1000)
+                    rate.add_metric(lv + ["read"], have[read_tc] * 1000 / 8)
         yield from (tc, share, rate, readable, stuck, pfc, foreign)
 
 

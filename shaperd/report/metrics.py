@@ -6,7 +6,8 @@
   times them (per-collector success and duration series);
 - ``exposition``: the text format the tenants collector writes directly;
 - ``health``: ``AgentState``, what the loop recorded, and healthy/ready;
-- ``error_kinds``: which kind of error a reconcile hit.
+- ``error_kinds``: which kind of error a reconcile hit;
+- prometheus_client's process and platform collectors (``process_*``, ``python_info``).
 
 /metrics serves ``Metrics.exposition()``. The registry holds the same
 collectors and is the reference rendering; the unit tests check both
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
 
 from .collectors import AgentCollector, TenantCollector, TimedCollectors
 from .error_kinds import exception_kind, report_error_kinds
@@ -57,6 +58,9 @@ class Metrics:
         self.collectors = TimedCollectors({
             "tenants": TenantCollector(sampler, clock=wall),
             "agent": AgentCollector(self.state, self.reconcile_seconds),
+            # process_* (CPU, RSS, fds, start time: /proc/self) and python_info, as every client library exposes.
+            "process": ProcessCollector(registry=None),
+            "platform": PlatformCollector(registry=None),
         }, log.get("shaperd.metrics"))
         self.registry.register(self.collectors)
 

@@ -133,6 +133,11 @@ class RdmaPortSeries:
     hw_totals: Mapping[str, int] = field(default_factory=dict)
     hw_rates_per_s: Mapping[str, float] = field(default_factory=dict)
     saturated: tuple[str, ...] = ()  # sysfs counter names stuck at 2^32-1
+
+    @property
+    def rate_Bps(self) -> float | None:
+        """The exported rate: bytes per second (the Prometheus base unit)."""
+        return None if self.rate_bps is None else self.rate_bps / 8
     resets: int = 0
     notes: tuple[str, ...] = ()
 

@@ -7,7 +7,7 @@ never sysfs:
   the RDMA samples to the families both paths share, so "egress per
   tenant" is one family with a ``path`` label (``tc`` or ``rdma``):
   ``shaperd_tenant_transmit_bytes_total``, ``..._transmit_packets_total``
-  and ``..._transmit_rate_bits_per_second``, labelled
+  and ``..._transmit_rate_bytes_per_second``, labelled
   ``{path="rdma",tenant,device,port}``. The text format allows one HELP/TYPE
   block per name, so the samples go into the tc block rather than a second
   block of the same name.
@@ -46,8 +46,8 @@ SHARED_FAMILIES = (
      "its RDMA ports (path=rdma, port_xmit_data x 4)", "bytes_total"),
     ("counter", "shaperd_tenant_transmit_packets", "Packets the tenant sent: its HTB class (path=tc) or its RDMA "
      "ports (path=rdma, port_xmit_packets)", "packets_total"),
-    ("gauge", "shaperd_tenant_transmit_rate_bits_per_second", "Egress rate over the sampler's rate window (2 s)",
-     "rate_bps"),
+    ("gauge", "shaperd_tenant_transmit_rate_bytes_per_second", "Egress rate over the sampler's rate window (2 s), "
+     "bytes per second", "rate_Bps"),
 )
 
 
@@ -149,7 +149,7 @@ class RdmaCollector(Collector):
         labels = ["tenant", "device", "port"]
         wait = CounterMetricFamily("shaperd_tenant_rdma_transmit_wait", "Ticks the tenant's RDMA port had data to "
                                    "send but no flow-control credits (port_xmit_wait)", labels=labels)
-        hw = CounterMetricFamily("shaperd_tenant_rdma_hw_counter", "The driver's hw counters of the tenant's RDMA "
+        hw = CounterMetricFamily("shaperd_tenant_rdma_hw_events", "The driver's hw counters of the tenant's RDMA "
                                  "port (hw_counters/: np_cnp_sent, rp_cnp_handled, out_of_sequence, ...)",
                                  labels=labels + ["counter"])
         for s in _owned(snap):

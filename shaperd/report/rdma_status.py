@@ -22,12 +22,12 @@ answers unprivileged reads too).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from .. import cli_output as output
 from ..inventory import RdmaDevice, RdmaPort
 from ..roots import Roots
 from ..units import format_rate
@@ -225,7 +225,7 @@ def main(args) -> int:
     nl = None if args.no_netlink else (lambda devs: read_netlink(devs, getattr(args, "netns", None), args.run_root))
     status = collect(roots, args.config, args.interval, netlink=nl, sm_check_for=None if args.no_sm_check else
                      _sm_check(args))
-    print(json.dumps(status, indent=1) if args.json else render(status))
+    print(output.dump(status, args.output) if output.machine(args) else render(status))
     sys.stdout.flush()
     return 0
 
@@ -243,7 +243,7 @@ def register(sub, node_opts) -> None:
 
     p = sub.add_parser("status", help="RDMA devices and ports: owners, SL and TC, counters and rates, notes")
     node_opts(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    output.add_output(p)
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="rate window (default 1)")
     p.add_argument("--no-netlink", action="store_true", help="do not cross-check sysfs with RDMA netlink")
     p.add_argument("--no-sm-check", action="store_true", help="do not read the SM's SL2VL/VLArb tables (smpquery)")

@@ -112,6 +112,19 @@ class TenantSeries:
     last_t: float = 0.0
     history: deque = field(default_factory=deque, repr=False)  # (t, bytes)
 
+    # The exported values: Prometheus base units are bytes (promtool check metrics warns on bits).
+    @property
+    def rate_Bps(self) -> float | None:
+        return None if self.rate_bps is None else self.rate_bps / 8
+
+    @property
+    def guarantee_Bps(self) -> float:
+        return self.guarantee_bps / 8
+
+    @property
+    def limit_Bps(self) -> float:
+        return self.limit_bps / 8
+
     def copy(self) -> "TenantSeries":
         return TenantSeries(self.target, self.guarantee_bps, self.limit_bps, self.bytes, self.packets, self.drops,
                             self.overlimits, self.backlog_bytes, self.qlen, self.borrowed_bytes,

@@ -13,11 +13,11 @@ RoCE DCB; configured vs read back), read through the same functions as
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass
 
+from .. import cli_output as output
 from ..config import load_file
 from ..errors import ConfigError
 from ..backends.ids import assign_minors
@@ -50,9 +50,23 @@ def class_labels(config_path: str | None) -> dict[int, str]:
         cfg = load_file(config_path)
     except ConfigError:
         return labels
-    for name, minor in assign_minors([t.name for t in cfg.tenants]).items():
+    minors = assign_minors([t.name for t in cfg.tenants])
+    for name, minor in minors.items():
         labels[HANDLE_MAJOR << 16 | minor] = name
+    labels.update(scope_labels(cfg, minors))
     return labels
+
+
+def scope_labels(cfg, minors: dict[str, int]) -> dict[int, str]:
+    """Destination-scope leaves (issue 12): 'tenant-a/rest' and 'tenant-a->10.244.0.0/16'."""
+    from ..backends.htb.scopes import scope_minors
+
+    smins = scope_minors(cfg.tenants, minors)
+    out = {}
+    for key, minor in smins.items():
+        tenant, kind, *rest = key.split("\0")
+        out[HANDLE_MAJOR << 16 | minor] = f"{tenant}/rest" if kind == "rest" else f"{tenant}->{rest[0]}"
+    return out
 
 
 def sample(reader) -> dict[tuple[str, int], object]:
@@ -102,7 +116,7 @@ def main(args) -> int:
     from ..kernel.rtnl import RtnlReader
 
     from ..roots import Roots
-    from . import nic_status, rdma_view
+    from . import classifier_status, nic_status, rdma_view
 
     ipr = RtnlReader(getattr(args, "netns", None))
     labels = class_labels(args.config)
@@ -120,9 +134,12 @@ def main(args) -> int:
         rs = rows(prev, cur, t1 - t0, labels)
         ports = rdma.view()
         nic = nic_status.collect(nic_cfg, nic_roots, ipr, netns=getattr(args, "netns", None))
-        if args.json:
-            print(json.dumps({"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs],
-                              "rdma": rdma_view.tenant_rows(ports), **nic}))
+        paths = classifier_status.collect(ipr)
+        if output.machine(args):  # -o json: one compact line per window (JSON lines under --watch)
+            extra = {"classifier": paths} if paths else {}  # only where a device carries shaperd's HTB
+            doc = {"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs],
+                   "rdma": rdma_view.tenant_rows(ports), **nic, **extra}
+            print(("---\n" if args.watch and args.output == "yaml" else "") + output.dump(doc, args.output, indent=None))
         else:
             if args.watch and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")
@@ -131,6 +148,8 @@ def main(args) -> int:
                 print("\nRDMA ports (measured at the HCA; not shaped by tc):\n" + rdma_view.render_table(ports))
             if nic:
                 print("\n" + nic_status.render(nic))
+            if paths:
+                print("\n" + classifier_status.render(paths))
         sys.stdout.flush()
         if not args.watch:
             return 0

@@ -7,7 +7,8 @@ the daemon's metrics (report/sampler.py), so "borrowed" and "below
 guarantee" mean the same thing in both places (accumulated since ``top``
 started). Guarantee and limit are what the kernel enforces (HTB rate/ceil).
 On a terminal each view replaces the last; otherwise views are printed one
-after another as plain text with no escape codes. The tenants' RDMA ports
+after another as plain text with no escape codes. The bar is coloured on a
+terminal unless NO_COLOR is set; ``-o json|yaml`` prints one document per view. The tenants' RDMA ports
 are sampled at the same instants and shown below (report/rdma_view.py).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import sys
 import time
 
+from .. import cli_output as output
 from ..backends.htb.objects import fmt_handle
 from ..units import format_rate
 from .sampler import Accumulator, TenantSeries, Target
@@ -46,6 +48,13 @@ def bar(rate_bps: float | None, guarantee_bps: int, limit_bps: int, width: int =
     return "[" + "".join(cells) + "]"
 
 
+def paint_bar(text: str, enabled: bool) -> str:
+    """The bar in colour: green within the guarantee, yellow borrowed; unchanged when colour is off (NO_COLOR)."""
+    if not enabled:
+        return text
+    return "".join(output.paint(c, "32" if c == "#" else "33" if c == "+" else "", c in "#+") for c in text)
+
+
 def _bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
@@ -54,7 +63,8 @@ def _bytes(n: float) -> str:
     return f"{n:.1f}TB"
 
 
-def render(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, node: str = "", rdma=()) -> str:
+def render(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, node: str = "", rdma=(),
+           color: bool = False) -> str:
     head = ("TENANT", "DEVICE", "CLASS", "RATE", "RATE VS GUARANTEE | LIMIT", "GUARANTEE", "LIMIT", "DROPS",
             "BACKLOG", "BORROWED", "BELOW-G")
     lines = [head]
@@ -69,7 +79,10 @@ def render(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, 
             _bytes(s.borrowed_bytes), f"{s.below_guarantee_s:.1f}s",
         ))
     widths = [max(len(l[i]) for l in lines) for i in range(len(head))]
-    body = "\n".join("  ".join(c.ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines)
+    # Widths come from the plain text; colour (escape codes, zero width on screen) goes in after padding.
+    body = "\n".join("  ".join(paint_bar(c.ljust(w), color) if i == 4 and n else c.ljust(w)
+                               for i, (c, w) in enumerate(zip(l, widths))).rstrip()
+                     for n, l in enumerate(lines))
     title = f"shaperd top{' ' + node if node else ''}  {time.strftime('%H:%M:%S')}  rate window {window_s:.1f}s  " \
             "(DROPS, BORROWED and BELOW-G since top started)"
     if not series:
@@ -79,6 +92,19 @@ def render(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, 
 
         body += "\n\nRDMA ports (measured at the HCA):\n" + rdma_table(rdma)
     return f"{title}\n{body}"
+
+
+def view_doc(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, rdma=()) -> dict:
+    """One view as ``-o json|yaml`` prints it: the same figures as the table, rates in bit/s, bytes in bytes."""
+    from .rdma_view import tenant_rows
+
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rate_window_s": window_s,
+            "tenants": [{"tenant": s.target.tenant, "device": s.target.device, "classid": fmt_handle(s.target.classid),
+                         "rate_bps": s.rate_bps, "guarantee_bps": s.guarantee_bps, "limit_bps": s.limit_bps,
+                         "drops_since_start": s.drops - drops_base.get((s.target.device, s.target.classid), s.drops),
+                         "backlog_bytes": s.backlog_bytes, "borrowed_bytes_since_start": s.borrowed_bytes,
+                         "below_guarantee_s_since_start": s.below_guarantee_s} for s in series],
+            "rdma": tenant_rows(rdma)}
 
 
 def main(args) -> int:
@@ -92,6 +118,8 @@ def main(args) -> int:
     rdma = RdmaWatch.open(Roots.of(sys=args.sysfs_root), args.config, rate_window_s=max(2.0, args.interval))
     acc = Accumulator(rate_window_s=max(2.0, args.interval))
     tty = sys.stdout.isatty()
+    color = output.use_color(sys.stdout)
+    machine = output.machine(args)
     drops_base: dict = {}
     n = 0
     try:
@@ -104,8 +132,11 @@ def main(args) -> int:
             rdma.sample(now)
             for s in acc.series.values():
                 drops_base.setdefault((s.target.device, s.target.classid), s.drops)
-            if n > 0 or args.iterations is None:
-                text = render(acc.view(), drops_base, acc.rate_window_s, rdma=rdma.view())
+            if machine and n > 0:  # one document per view; the first sample has no rates yet
+                doc = view_doc(acc.view(), drops_base, acc.rate_window_s, rdma=rdma.view())
+                print(("---\n" if args.output == "yaml" else "") + output.dump(doc, args.output, indent=None), flush=True)
+            elif not machine and (n > 0 or args.iterations is None):
+                text = render(acc.view(), drops_base, acc.rate_window_s, rdma=rdma.view(), color=color)
                 print((CLEAR if tty else "") + text + ("" if tty else "\n"), flush=True)
             if n > 0 and args.iterations is not None and n >= args.iterations:
                 return 0

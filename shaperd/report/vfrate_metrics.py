@@ -2,11 +2,11 @@
 
 Reads the vfrate backend's last snapshot (backends/vfrate/backend.py:
 ``VfRateBackend.snapshot``, replaced whole by each reconcile), never the
-kernel. Rates are in bits per second (the driver's Mbit/s x 10^6):
+kernel. Rates are in bytes per second (the driver's Mbit/s x 125000):
 
-- ``shaperd_tenant_vf_configured_rate_bits_per_second{tenant,pf,vf,bound}``
+- ``shaperd_tenant_vf_configured_rate_bytes_per_second{tenant,pf,vf,bound}``
   (bound ``min`` or ``max``): what shaperd wants, after any degrade;
-- ``shaperd_tenant_vf_observed_rate_bits_per_second{...}``: what the PF
+- ``shaperd_tenant_vf_observed_rate_bytes_per_second{...}``: what the PF
   reported at the last reconcile;
 - ``shaperd_vf_min_rate_supported{pf,driver}``: 0 where the driver refused a
   minimum and the VFs get the limit only.
@@ -22,7 +22,7 @@ from __future__ import annotations
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-MBIT = 1_000_000
+MBIT_BYTES = 1_000_000 // 8  # one Mbit/s in bytes per second (the Prometheus base unit)
 LABELS = ["tenant", "pf", "vf", "bound"]
 
 
@@ -32,25 +32,25 @@ class VfRateCollector(Collector):
 
     def collect(self):
         snap = self.backend.snapshot
-        conf = GaugeMetricFamily("shaperd_tenant_vf_configured_rate_bits_per_second",
+        conf = GaugeMetricFamily("shaperd_tenant_vf_configured_rate_bytes_per_second",
                                  "The VF's min_tx_rate/max_tx_rate shaperd sets for the tenant (no series: no cap)",
                                  labels=LABELS)
-        seen = GaugeMetricFamily("shaperd_tenant_vf_observed_rate_bits_per_second",
+        seen = GaugeMetricFamily("shaperd_tenant_vf_observed_rate_bytes_per_second",
                                  "The VF's min_tx_rate/max_tx_rate as the PF reported it at the last reconcile",
                                  labels=LABELS)
         for v in snap.desired.vfs:
             lv = [v.tenant, v.pf, str(v.vf)]
-            conf.add_metric(lv + ["min"], v.min_mbps * MBIT)
+            conf.add_metric(lv + ["min"], v.min_mbps * MBIT_BYTES)
             if v.max_mbps:
-                conf.add_metric(lv + ["max"], v.max_mbps * MBIT)
+                conf.add_metric(lv + ["max"], v.max_mbps * MBIT_BYTES)
             st = snap.observed.pfs.get(v.pf)
             row = st.vf(v.vf) if st is not None and st.reported else None
             if row is None:
                 continue
             if row.min_mbps is not None:
-                seen.add_metric(lv + ["min"], row.min_mbps * MBIT)
+                seen.add_metric(lv + ["min"], row.min_mbps * MBIT_BYTES)
             if row.max_mbps:
-                seen.add_metric(lv + ["max"], row.max_mbps * MBIT)
+                seen.add_metric(lv + ["max"], row.max_mbps * MBIT_BYTES)
         yield conf
         yield seen
         sup = GaugeMetricFamily("shaperd_vf_min_rate_supported", "1 if the PF's driver takes a VF minimum rate, 0 "

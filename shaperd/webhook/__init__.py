@@ -1,6 +1,6 @@
 """``shaperd webhook``: the mutating admission webhook that adds each tenant's NCCL settings to its pods.
 
-Runs as its own Deployment (daemonset/webhook.yaml), not in the node agent:
+Runs as its own Deployment (daemonset/components/rdma-webhook/webhook.yaml), not in the node agent:
 it needs no host access and no API access, only the tenants file and a
 serving certificate. ``admission`` decides (pure), ``reload`` follows the
 certificate and the tenants file, ``server`` speaks HTTPS. This module only

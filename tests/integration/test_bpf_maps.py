@@ -117,3 +117,17 @@ def test_prog_info_map_ids_adopt_by_id_and_test_run_ctx_out():
             os.close(fd)
     with pytest.raises(bpf_maps.BpfMapError, match="open BPF map id"):
         bpf_maps.map_fd_by_id(0x7FFFFFF0)
+
+
+@pytest.mark.parametrize("kind,key", [(MAP_HASH, lambda i: U32.pack(i)),
+                                      (MAP_LPM_TRIE, lambda i: bpf_maps.lpm_key(32, U32.pack(i)))])
+def test_items_reads_everything_batched_or_walked_and_both_agree(kind, key):
+    with bpf_maps.create_map(kind, len(key(0)), 4, 20000, "shpd_t_items") as m:
+        want = {key(i): U32.pack(i * 3) for i in range(9000)}  # more than one 4096-entry chunk
+        m.update_batch(want)
+        assert m.items() == want
+        assert m._items_walk() == want
+        m._lookup_batch_ok = False  # the fallback path alone
+        assert m.items() == want
+    with bpf_maps.create_map(kind, len(key(0)), 4, 4, "shpd_t_empty") as e:
+        assert e.items() == {}

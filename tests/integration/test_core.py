@@ -184,16 +184,21 @@ def test_daemon_repairs_drift_within_one_resync_period(bed, tmp_path):
              "htb", "rate", "1mbit", "ceil", "2mbit")
     # Deadlines bound a failure only; the repair itself comes from events or the 1 s resync.
     assert wait_for(lambda: classes(bed)[A]["rate"] == 5 * 10**9, 30), "class not repaired"
-    # A filter removed.
-    bed.exec("tc", "filter", "del", "dev", "up0", "parent", "7368:", "prio", "1008", "protocol", "ip")
-    assert wait_for(lambda: "198.18.1.0" in _filters(bed) or "c6120100" in _filters(bed), 30), "filter not repaired"
+    # A classifier removed: the eBPF map classifier on clsact egress, or a u32 filter on the u32 path.
+    if "shpd_c" in _filters(bed, "egress"):
+        bed.exec("tc", "filter", "del", "dev", "up0", "egress", "pref", str(0x7368), "handle", "0x7368", "bpf")
+        assert "shpd_c" not in _filters(bed, "egress")
+        assert wait_for(lambda: "shpd_c" in _filters(bed, "egress"), 30), "classifier not repaired"
+    else:
+        bed.exec("tc", "filter", "del", "dev", "up0", "parent", "7368:", "prio", "1008", "protocol", "ip")
+        assert wait_for(lambda: "198.18.1.0" in _filters(bed) or "c6120100" in _filters(bed), 30), "filter not repaired"
     # The whole root qdisc deleted.
     bed.exec("tc", "qdisc", "del", "dev", "up0", "root")
     assert wait_for(lambda: A in classes(bed) and B in classes(bed), 30), "tree not rebuilt"
 
 
-def _filters(bed) -> str:
-    return bed.exec("tc", "filter", "show", "dev", "up0").stdout
+def _filters(bed, *where: str) -> str:
+    return bed.exec("tc", "filter", "show", "dev", "up0", *where).stdout
 
 
 def test_config_change_through_configmap_symlink_swap_and_bad_file_keeps_last_good(bed, tmp_path):

@@ -415,8 +415,8 @@ def test_stop_between_response_and_stream_still_cuts_the_watch(api, tmp_path, mo
         resp = orig(self, **kw)
         if kw.get("watch") and not stopper:
             t = threading.Thread(target=w.stop, kwargs={"timeout_s": DEADLINE}, daemon=True)
-            stopper.append(t)
             t.start()
+            stopper.append(t)  # published only once started: the test thread joins it as soon as it sees it
             assert w._stop.wait(DEADLINE)  # stop() has begun; the library has not seen resp yet
         return resp
 

@@ -232,10 +232,10 @@ def test_bytes_packets_guarantee_and_limit_per_tenant(bed, daemon):
         assert val(m1, "shaperd_tenant_dropped_packets_total", name) == val(m0, "shaperd_tenant_dropped_packets_total", name)
     # capped sent nothing.
     assert val(m1, "shaperd_tenant_transmit_bytes_total", "capped") == val(m0, "shaperd_tenant_transmit_bytes_total", "capped")
-    assert val(m1, "shaperd_tenant_guarantee_bits_per_second", "alpha") == 400e6
-    assert val(m1, "shaperd_tenant_limit_bits_per_second", "alpha") == 1e9  # no limit: capacity
-    assert val(m1, "shaperd_tenant_guarantee_bits_per_second", "beta") == 100e6
-    assert val(m1, "shaperd_tenant_limit_bits_per_second", "beta") == 500e6
+    assert val(m1, "shaperd_tenant_guarantee_bytes_per_second", "alpha") == 400e6 / 8
+    assert val(m1, "shaperd_tenant_limit_bytes_per_second", "alpha") == 1e9 / 8  # no limit: capacity
+    assert val(m1, "shaperd_tenant_guarantee_bytes_per_second", "beta") == 100e6 / 8
+    assert val(m1, "shaperd_tenant_limit_bytes_per_second", "beta") == 500e6 / 8
     for name in ("alpha", "beta", "capped"):
         assert val(m1, "shaperd_tenant_below_guarantee_seconds_total", name) == 0
         assert m1[("shaperd_tenant_endpoints", (("kind", "cidr"), ("tenant", name)))] == 1
@@ -259,7 +259,7 @@ def test_pressing_on_the_limit_is_borrowing_not_starvation(bed, daemon):
         mid = until(bed, lambda m: samples(m) >= samples(seen) + 6, "the sampler stopped sampling")
         assert proc.poll() is None, "the flood ended before the rate was read"
     m1 = drained(bed, "capped")
-    rate = val(mid, "shaperd_tenant_transmit_rate_bits_per_second", "capped")
+    rate = 8 * val(mid, "shaperd_tenant_transmit_rate_bytes_per_second", "capped")
     assert rate == pytest.approx(100e6, rel=0.15)  # held at its limit
     d = lambda metric: val(m1, metric, "capped") - val(m0, metric, "capped")  # noqa: E731
     assert d("shaperd_tenant_dropped_packets_total") > 0
@@ -290,7 +290,7 @@ def test_starved_tenant_counts_time_below_guarantee(bed, daemon):
         assert proc.poll() is None, "the flood ended early"
     m1 = drained(bed, "alpha")
     elapsed = time.monotonic() - started
-    rate = val(mid, "shaperd_tenant_transmit_rate_bits_per_second", "alpha")
+    rate = 8 * val(mid, "shaperd_tenant_transmit_rate_bytes_per_second", "alpha")
     assert rate < 0.8 * 400e6, f"not starved: {rate / 1e6:.0f} Mbit/s"
     counted = val(m1, below, "alpha") - val(m0, below, "alpha")
     # Every counted interval began with a queue the flood built: never more than the time since it started.

@@ -194,7 +194,9 @@ def test_host_network_pod_by_cgroup(node):
                 made.append(d)
         node.pods.append(FakePod(uid, "team-a", "nccl-0", {"training-tenant": "tenant-a"}, (), host_network=True))
         rep = node.apply()
-        assert any(f.kind == "cgroup" for dp in rep.plan.desired["htb"].devices for f in dp.filters if hasattr(f, "kind"))
+        assert any(f.kind == "cgroup" for dp in rep.plan.desired["htb"].devices for f in dp.filters if hasattr(f, "kind")) \
+            or any(dp.map_classifier is not None and dp.map_classifier.entries["cgroup"]
+                   for dp in rep.plan.desired["htb"].devices)
         before = node.counters()
         # A process of the pod (in its container cgroup) sends from the node's own address. It joins
         # the cgroup before entering the namespace: `ip netns exec` remounts /sys without cgroup2.

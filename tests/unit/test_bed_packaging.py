@@ -51,9 +51,13 @@ def test_agent_distribution_and_image_leave_the_bed_out():
     bed = tomllib.loads((root / "testbed" / "pyproject.toml").read_text())
     assert bed["project"]["name"] == "shaperd-testbed" and "shaperd" in bed["project"]["dependencies"]
     assert not (root / "shaperd" / "bed").exists()
-    # The image build copies the agent's sources only (a COPY of "." would put the bed in a layer).
+    # The image build copies a wheelhouse of the agent and its dependencies only (a COPY of "."
+    # would put the bed in a layer); scripts/build-image makes it from "." (the agent's
+    # distribution, which leaves the bed out) and pip, never from ./testbed.
     copied = set()
     for line in (root / "Containerfile").read_text().splitlines():
-        if line.startswith("COPY "):
+        if line.startswith("COPY ") and not line.startswith("COPY --from="):
             copied.update(line.split()[1:-1])
-    assert copied == {"pyproject.toml", "README.md", "shaperd"}
+    assert copied == {"build/wheelhouse", "LICENSE"}
+    wheel = next(l for l in (root / "scripts" / "build-image").read_text().splitlines() if " pip wheel " in l)
+    assert "-w build/wheelhouse . pip" in wheel and "testbed" not in wheel

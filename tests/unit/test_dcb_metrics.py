@@ -29,12 +29,12 @@ def test_configured_and_read_back_series(tmp_path):
     s = _samples(b)
     a = (("netdev", "ens1f0"), ("tenant", "a"))
     assert s[("shaperd_tenant_dcb_traffic_class", a)] == 1
-    assert s[("shaperd_tenant_dcb_share_percent", _key("a", "configured"))] == 40
-    assert s[("shaperd_tenant_dcb_share_percent", _key("a", "read"))] == 40
+    assert s[("shaperd_tenant_dcb_share_ratio", _key("a", "configured"))] == 0.4
+    assert s[("shaperd_tenant_dcb_share_ratio", _key("a", "read"))] == 0.4
     # configured 60.05 Gbit/s, the driver keeps 100 Mbit/s steps: read back 60 Gbit/s
-    rate = "shaperd_tenant_dcb_maxrate_bits_per_second"
-    assert s[(rate, _key("a", "configured"))] == 60_050_000_000
-    assert s[(rate, _key("a", "read"))] == 60_000_000_000
+    rate = "shaperd_tenant_dcb_maxrate_bytes_per_second"
+    assert s[(rate, _key("a", "configured"))] == 60_050_000_000 / 8
+    assert s[(rate, _key("a", "read"))] == 60_000_000_000 / 8
     # tenant b has no limit: no max-rate series at all (never a fake zero)
     assert not any(k[0] == rate and ("tenant", "b") in k[1] for k in s)
     assert s[("shaperd_dcb_netdev_readable", (("netdev", "ens1f0"),))] == 1
@@ -49,10 +49,10 @@ def test_a_write_that_did_not_stick_and_an_unreadable_netdev(tmp_path):
     s = _samples(b)
     assert s[("shaperd_dcb_write_not_sticking", (("kind", "ets"), ("netdev", "ens1f0")))] == 1
     # read back: the ETS the driver kept (all zero), not the plan
-    assert s[("shaperd_tenant_dcb_share_percent", _key("a", "read"))] == 0
+    assert s[("shaperd_tenant_dcb_share_ratio", _key("a", "read"))] == 0
     gone = DcbBackend(client=FakeDcb([]))
     _reconcile(gone, _ctx(inv, cfg_text(TWO)), inv)
     s = _samples(gone)
     assert s[("shaperd_dcb_netdev_readable", (("netdev", "ens1f0"),))] == 0
     assert not any(("source", "read") in k[1] for k in s)
-    assert s[("shaperd_tenant_dcb_share_percent", _key("a", "configured"))] == 40
+    assert s[("shaperd_tenant_dcb_share_ratio", _key("a", "configured"))] == 0.4

@@ -18,7 +18,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "shaperd"
 MODULES = sorted(p for p in PKG.rglob("*.py"))
 KERNEL = PKG / "kernel"
-SOCKET_EXCEPTIONS = {PKG / "report" / "http.py"}
+# http.py: the metrics listener; sdnotify.py: the datagram to systemd ($NOTIFY_SOCKET, AF_UNIX).
+SOCKET_EXCEPTIONS = {PKG / "report" / "http.py", PKG / "report" / "sdnotify.py"}
 PURE = sorted(
     [p for p in (PKG / "backends").rglob("*.py")
      if p.stem in ("base", "objects", "ops", "plan", "diff", "render", "ids", "__init__")]

@@ -147,7 +147,7 @@ def test_exposition_leaves_unknown_series_out_and_still_succeeds():
     got = _scrape(m.registry)
     lab = (("device", "eth0"), ("path", "tc"), ("tenant", "a"))
     assert got[("shaperd_tenant_transmit_bytes_total", lab)] == 2000
-    assert got[("shaperd_tenant_guarantee_bits_per_second", lab)] == G
+    assert got[("shaperd_tenant_guarantee_bytes_per_second", lab)] == G / 8
     assert got[("shaperd_scrape_collector_success", (("collector", "tenants"),))] == 1
     s.sample_once()  # fails: old values are kept, the collector says it failed, the scrape works
     got = _scrape(m.registry)

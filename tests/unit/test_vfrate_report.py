@@ -27,14 +27,14 @@ def test_configured_and_observed_vf_rates_per_tenant_and_the_min_support_gauge(r
     nic, backend, rec = rig("i40e")
     m = Metrics(None)
     vfrate_metrics.install(m, [backend])
-    assert samples(m, "shaperd_tenant_vf_configured_rate_bits_per_second") == {}  # nothing planned yet: no series
+    assert samples(m, "shaperd_tenant_vf_configured_rate_bytes_per_second") == {}  # nothing planned yet: no series
     rec.apply(config.load_text(CFG))
     rec.apply(config.load_text(CFG))  # the second reconcile plans the degrade and reads the result back
-    conf = samples(m, "shaperd_tenant_vf_configured_rate_bits_per_second")
-    seen = samples(m, "shaperd_tenant_vf_observed_rate_bits_per_second")
+    conf = samples(m, "shaperd_tenant_vf_configured_rate_bytes_per_second")
+    seen = samples(m, "shaperd_tenant_vf_observed_rate_bytes_per_second")
     k0 = dict(tenant="tenant-a", pf="ens1f0", vf="0")
-    assert conf[key(**k0, bound="min")] == 0 and conf[key(**k0, bound="max")] == 12500e6
-    assert seen[key(**k0, bound="max")] == 12500e6 and seen[key(**k0, bound="min")] == 0
+    assert conf[key(**k0, bound="min")] == 0 and conf[key(**k0, bound="max")] == 12500e6 / 8
+    assert seen[key(**k0, bound="max")] == 12500e6 / 8 and seen[key(**k0, bound="min")] == 0
     assert samples(m, "shaperd_vf_min_rate_supported") == {key(pf="ens1f0", driver="mlx5_core"): 0}
 
 
@@ -43,9 +43,9 @@ def test_no_cap_has_no_max_series_and_an_unreported_pf_no_observed_series(rig): 
     m = Metrics(None)
     vfrate_metrics.install(m, [backend])
     rec.apply(config.load_text(CFG.replace("bandwidthLimit: 25Gbps", "")))
-    conf = samples(m, "shaperd_tenant_vf_configured_rate_bits_per_second")
+    conf = samples(m, "shaperd_tenant_vf_configured_rate_bytes_per_second")
     assert sorted(dict(k)["bound"] for k in conf) == ["min", "min"]
-    assert samples(m, "shaperd_tenant_vf_observed_rate_bits_per_second") == {}
+    assert samples(m, "shaperd_tenant_vf_observed_rate_bytes_per_second") == {}
 
 
 def test_the_vf_rates_table_says_wanted_reported_and_state(rig):  # noqa: F811

@@ -1,4 +1,4 @@
-"""daemonset/webhook.yaml parses, its pieces name each other consistently, and its arguments suit the CLI."""
+"""daemonset/components/rdma-webhook/webhook.yaml parses, its pieces name each other consistently, and its arguments suit the CLI."""
 
 from pathlib import Path
 
@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def docs():
-    return {d["kind"]: d for d in yaml.safe_load_all((ROOT / "daemonset" / "webhook.yaml").read_text())}
+    return {d["kind"]: d for d in yaml.safe_load_all((ROOT / "daemonset" / "components" / "rdma-webhook" / "webhook.yaml").read_text())}
 
 
 def test_the_webhook_configuration_is_v1_ignore_no_side_effects_with_an_injected_ca():
@@ -45,7 +45,7 @@ def test_the_deployment_runs_the_webhook_command_with_the_certificates_secret_mo
     assert vols["tls"]["secret"]["secretName"] == d["Certificate"]["spec"]["secretName"]
     assert mounts["tls"] == args.tls_dir and Path(args.config).parent == Path(mounts["tenants"])
     assert not Path(mounts["tls"]).is_relative_to(mounts["tenants"])  # no mount inside the ConfigMap volume
-    assert vols["tenants"]["configMap"]["name"] == "shaperd-tenants"  # the agent's, daemonset/shaperd.yaml
+    assert vols["tenants"]["configMap"]["name"] == "shaperd-tenants"  # the agent's, daemonset/tenants/
     port = next(p for p in c["ports"] if p["name"] == "https")["containerPort"]
     assert args.address == f":{port}" and d["Service"]["spec"]["ports"][0]["targetPort"] == "https"
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}

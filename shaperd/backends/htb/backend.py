@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ... import log
 from ...errors import KernelError
 from ...inventory import Capabilities, Inventory
-from ...kernel import tc
+from ...kernel import bpf_classify, tc
 from ..base import ApplyResult, BackendStats, ClassTarget, PlanInput, Support, TargetDiff
 from . import observe as obs
 from .diff import diff_device, diff_teardown
@@ -36,6 +37,8 @@ class HtbBackend:
         self.writer = writer  # pyroute2 IPRoute, created by kernel.tc.open_writer in the node's namespace
         self.settings = settings
         self.take_over = take_over
+        # device -> "ebpf" | "u32", as of the last stats() (status, metrics, one log line per change).
+        self.classifier_paths: dict[str, str] = {}
 
     def probe(self, caps: Capabilities) -> Support:
         if not caps.htb:
@@ -52,7 +55,11 @@ class HtbBackend:
         for link in inv.links:
             try:
                 if link.ifindex in owned:
-                    out.devices[link.ifindex] = obs.device_state(reads, link.name, link.ifindex, qdiscs)
+                    st = obs.device_state(reads, link.name, link.ifindex, qdiscs)
+                    if any(q.ifindex == link.ifindex and q.kind == "clsact" for q in qdiscs):
+                        st.map_classifier = bpf_classify.observe(
+                            reads.filters(link.ifindex, bpf_classify.TC_H_CLSACT_EGRESS, link.name), link.name)
+                    out.devices[link.ifindex] = st
                 else:  # only the root matters where the tree is not ours: no further dump
                     out.devices[link.ifindex] = obs.device_state(None, link.name, link.ifindex, qdiscs)
             except KernelError as e:
@@ -78,7 +85,15 @@ class HtbBackend:
         return out
 
     def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
-        return tc.apply_ops(self.writer, diff.ops, batch=batch)
+        # tc objects first (the classes the classifier points at), then the map classifier's writes.
+        tc_ops = [op for op in diff.ops if not bpf_classify.is_classifier_op(op)]
+        cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
+        result = tc.apply_ops(self.writer, tc_ops, batch=batch)
+        if cls_ops and not result.batch_failed:
+            more = bpf_classify.apply_ops(self.writer, cls_ops)
+            result.applied.extend(more.applied)
+            result.failed.extend(more.failed)
+        return result
 
     def teardown(self, observed: HtbObserved) -> list[TargetDiff]:
         return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
@@ -86,6 +101,13 @@ class HtbBackend:
 
     def stats(self, desired: HtbPlan) -> BackendStats:
         out = BackendStats(devices=tuple(dp.device for dp in desired.devices))
+        paths = {dp.device: dp.classifier_path for dp in desired.devices}
+        for dev, path in sorted(paths.items()):
+            if self.classifier_paths.get(dev) != path:
+                how = ("eBPF map classifier on clsact egress (LPM trie source prefixes)" if path == "ebpf"
+                       else "u32 filters and classic cls_bpf on the HTB root")
+                log.get("shaperd.htb").info("classifier path", device=dev, path=path, detail=how)
+        self.classifier_paths = paths
         for dp in desired.devices:
             by_id = {c.classid: c for c in dp.classes}
             for tenant, cid in dp.tenant_classes.items():
@@ -104,4 +126,11 @@ class HtbBackend:
                     tenant = owner.get(entry[-1])
                     if tenant is not None:
                         out.endpoints[tenant]["interface" if kind == "ifindex" else "cgroup"] += 1
+            mc = dp.map_classifier
+            if mc is not None:  # the eBPF path carries the same mapping as map entries
+                for role, kind in (("ifindex", "interface"), ("cgroup", "cgroup")):
+                    for val in mc.entries.get(role, {}).values():
+                        tenant = owner.get(int.from_bytes(val, "little"))
+                        if tenant is not None:
+                            out.endpoints[tenant][kind] += 1
         return out

@@ -19,6 +19,7 @@ Ownership, in one place:
 from __future__ import annotations
 
 from ..base import Operation, TargetDiff
+from . import mapcls
 from .objects import (
     DEFAULT_ROOT_KINDS,
     ETH_P_ALL,
@@ -83,6 +84,7 @@ def diff_device(desired: DevicePlan, observed: DeviceState, take_over: bool = Fa
         ops.extend(SetLeaf(device=dev, ifindex=idx, leaf=q, reason="missing", tenant=tenant_of.get(q.parent))
                    for q in desired.leaves)
         ops.extend(_add_filter(dev, idx, f, "missing", tenant_of) for f in desired.filters)
+        ops.extend(mapcls.diff(dev, idx, desired.map_classifier, observed.map_classifier))
         return out
 
     assert observed.root is not None
@@ -90,11 +92,11 @@ def diff_device(desired: DevicePlan, observed: DeviceState, take_over: bool = Fa
     want: dict[object, Filter] = {_ident(f): f for f in desired.filters}
     want_groups = {_group(f) for f in desired.filters}
     kept: set[object] = set()
-    stale_groups: set[tuple[int, int]] = set()
-    for f in sorted(observed.filters, key=lambda f: (f.prio, f.protocol, f.handle)):
-        if f.parent != ROOT_HANDLE:
-            continue
-        group = (f.prio, f.protocol)
+    stale_groups: set[tuple[int, int, int]] = set()
+    for f in sorted(observed.filters, key=lambda f: (f.parent, f.prio, f.protocol, f.handle)):
+        if f.parent != ROOT_HANDLE and f.parent not in observed.classes:
+            continue  # not a chain under shaperd's tree
+        group = (f.parent, f.prio, f.protocol)
         if group not in want_groups:
             stale_groups.add(group)
             continue
@@ -104,8 +106,8 @@ def diff_device(desired: DevicePlan, observed: DeviceState, take_over: bool = Fa
             kept.add(key)
         else:
             ops.append(DeleteFilter(device=dev, ifindex=idx, filter=f, reason="stale"))
-    ops.extend(DeleteFilterGroup(device=dev, ifindex=idx, prio=p, protocol=proto, reason="stale")
-               for p, proto in sorted(stale_groups))
+    ops.extend(DeleteFilterGroup(device=dev, ifindex=idx, prio=p, protocol=proto, parent=parent, reason="stale")
+               for parent, p, proto in sorted(stale_groups))
 
     # 2. classes that are not in the plan, deepest first.
     wanted_ids = {c.classid for c in desired.classes}
@@ -138,6 +140,9 @@ def diff_device(desired: DevicePlan, observed: DeviceState, take_over: bool = Fa
     for key, f in want.items():
         if key not in kept:
             ops.append(_add_filter(dev, idx, f, "missing", tenant_of))
+
+    # 7. the eBPF map classifier on clsact egress: entry writes only, none when in sync.
+    ops.extend(mapcls.diff(dev, idx, desired.map_classifier, observed.map_classifier))
     return out
 
 
@@ -146,6 +151,7 @@ def diff_teardown(observed: DeviceState, reason: str = "teardown") -> TargetDiff
     out = TargetDiff(observed.device)
     if observed.owned:
         out.ops.append(DeleteRoot(device=observed.device, ifindex=observed.ifindex, reason=reason))
+    out.ops.extend(mapcls.diff(observed.device, observed.ifindex, None, observed.map_classifier))
     return out
 
 
@@ -167,15 +173,17 @@ def _needs_rebuild(desired: DevicePlan, observed: DeviceState) -> bool:
 def _ident(f: object) -> object:
     """Identity for matching desired and observed filters (labels excluded)."""
     if isinstance(f, U32Filter):
-        return ("u32", f.prio, f.protocol, f.classid, f.keys)
+        return ("u32", f.parent, f.prio, f.protocol, f.classid, f.keys)
     if isinstance(f, BpfFilter):
         return ("bpf", f.prio, f.name)
     return None
 
 
-def _group(f: Filter) -> tuple[int, int]:
-    """(prio, protocol): one kernel tcf_proto instance."""
-    return (f.prio, f.protocol if isinstance(f, U32Filter) else ETH_P_ALL)
+def _group(f: Filter) -> tuple[int, int, int]:
+    """(chain parent, prio, protocol): one kernel tcf_proto instance."""
+    if isinstance(f, U32Filter):
+        return (f.parent, f.prio, f.protocol)
+    return (ROOT_HANDLE, f.prio, ETH_P_ALL)
 
 
 def _depth(observed: DeviceState, cid: int) -> int:

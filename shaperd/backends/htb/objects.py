@@ -35,6 +35,14 @@ PRIO_BPF_CGROUP = 11
 PRIO_BPF_MARK = 20
 PRIO_U32_V4_BASE = 1000  # + (32 - prefix length)
 PRIO_U32_V6_BASE = 2000  # + (128 - prefix length)
+# Under a tenant class with destination scopes (its own filter chain, which
+# HTB runs for every packet classified to that inner class): destination
+# prefixes, longest first, then a catch-all to the tenant's "rest" leaf. Kept
+# apart from the root's prios: u32's dump of one chain lists every hash table
+# of the same prio in the qdisc (see observe.py).
+PRIO_SCOPE_V4_BASE = 3000  # + (32 - prefix length)
+PRIO_SCOPE_V6_BASE = 3200  # + (128 - prefix length)
+PRIO_SCOPE_REST = 3400
 
 # Root qdiscs the kernel or the distribution installs by default: shaperd may
 # replace these. Anything else belongs to someone and is left alone.
@@ -145,6 +153,8 @@ class U32Filter:
     # never writes one (u32's mark match is a compile-time kernel option that
     # is silently ignored where absent); it is read so a foreign one is seen.
     mark: tuple[int, int] | None = None
+    # The filter chain it sits in: the root qdisc's, or an inner tenant class's (destination scopes).
+    parent: int = ROOT_HANDLE
 
     @staticmethod
     def for_prefix(net: ipaddress.IPv4Network | ipaddress.IPv6Network, cls: int) -> "U32Filter":
@@ -187,7 +197,7 @@ class ObservedFilter(NamedTuple):
 
     def identity(self):
         if self.kind == "u32":
-            return U32Filter(self.prio, self.protocol, self.classid, self.keys, mark=self.mark)
+            return U32Filter(self.prio, self.protocol, self.classid, self.keys, mark=self.mark, parent=self.parent)
         if self.kind == "bpf":
             return BpfFilter(self.prio, self.name, ())
         return None
@@ -226,6 +236,12 @@ class DevicePlan:
     tenant_classes: dict[str, int] = field(default_factory=dict, compare=False)
     # Destination scopes (see DstScope); classifiers realise them.
     dst_scopes: tuple[DstScope, ...] = ()
+    # The eBPF map classifier on clsact egress (backends/htb/mapcls.py), or None on the u32 path.
+    map_classifier: object = field(default=None, compare=False)
+
+    @property
+    def classifier_path(self) -> str:
+        return "ebpf" if self.map_classifier is not None else "u32"
 
 
 @dataclass(frozen=True)
@@ -247,6 +263,8 @@ class DeviceState:
     classes: dict[int, ObservedClass] = field(default_factory=dict)
     leaves: dict[int, LeafQdisc] = field(default_factory=dict)  # by parent classid
     filters: list[ObservedFilter] = field(default_factory=list)
+    # shaperd's map classifier found on clsact egress (mapcls.ObservedMapClassifier), if any.
+    map_classifier: object = None
 
     @property
     def owned(self) -> bool:
@@ -260,15 +278,28 @@ def prefix_prio(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> int:
     return PRIO_U32_V6_BASE + (128 - net.prefixlen)
 
 
-def src_prefix_keys(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[U32Key, ...]:
-    """u32 keys matching the source address against ``net`` (offsets in the IP header)."""
+def dst_prefix_keys(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[U32Key, ...]:
+    """u32 keys matching the destination address against ``net`` (IPv4 at offset 16, IPv6 at 24)."""
+    return src_prefix_keys(net, dst=True)
+
+
+def scope_prio(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> int:
+    """Longest destination prefix first, in an inner class's chain."""
+    if net.version == 4:
+        return PRIO_SCOPE_V4_BASE + (32 - net.prefixlen)
+    return PRIO_SCOPE_V6_BASE + (128 - net.prefixlen)
+
+
+def src_prefix_keys(net: ipaddress.IPv4Network | ipaddress.IPv6Network, dst: bool = False) -> tuple[U32Key, ...]:
+    """u32 keys matching the source (or, with ``dst``, destination) address against ``net``."""
+    v4_off, v6_off = (16, 24) if dst else (12, 8)
     addr = int(net.network_address)
     plen = net.prefixlen
     if net.version == 4:
         if plen == 0:
             return ()  # no key: u32 matches every packet of the protocol
         mask = (0xFFFFFFFF << (32 - plen)) & 0xFFFFFFFF
-        return (U32Key(addr & mask, mask, 12),)
+        return (U32Key(addr & mask, mask, v4_off),)
     keys = []
     for word in range(4):  # IPv6 source: 16 bytes at offset 8
         bits = max(0, min(32, plen - 32 * word))
@@ -276,5 +307,5 @@ def src_prefix_keys(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple
             break
         mask = (0xFFFFFFFF << (32 - bits)) & 0xFFFFFFFF
         val = (addr >> (96 - 32 * word)) & 0xFFFFFFFF
-        keys.append(U32Key(val & mask, mask, 8 + 4 * word))
+        keys.append(U32Key(val & mask, mask, v6_off + 4 * word))
     return tuple(keys)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ...kernel.rtnl_rows import TC_H_ROOT, FilterRow, HtbClassRow, QdiscRow
 from .objects import (
     HANDLE_MAJOR,
+    ROOT_CLASS_MINOR,
     ROOT_HANDLE,
     DeviceState,
     LeafQdisc,
@@ -51,7 +52,33 @@ def device_state(reads, device: str, ifindex: int, qdiscs: list[QdiscRow] | None
             quantum_bytes=c.quantum_bytes, prio=c.prio, leaf_handle=c.leaf_handle,
         )
     st.filters = [observed_filter(f) for f in reads.filters(ifindex, ROOT_HANDLE, device)]
+    root_cls = ROOT_HANDLE | ROOT_CLASS_MINOR
+    inner = sorted(p for p in {c.parent for c in st.classes.values()} - {ROOT_HANDLE, root_cls} if p in st.classes)
+    if inner:
+        st.filters = _with_class_chains(st, inner, [observed_filter(f) for p in inner
+                                                    for f in reads.filters(ifindex, p, device)])
     return st
+
+
+def _with_class_chains(st: DeviceState, inner: list[int], chain_rows: list[ObservedFilter]) -> list[ObservedFilter]:
+    """Root and inner-class (destination scope) filters, each once, each with the chain it sits in.
+
+    u32 keeps one hash-table list per qdisc and its dump walks every table of
+    the dumped prio, whichever chain created it, so one u32 node can appear in
+    several chains' dumps. Node handles are unique per qdisc: keep each node
+    once, in the chain of the class whose child it targets (shaperd puts a
+    filter in an inner class's chain only towards that class's own leaves).
+    """
+    out: dict[tuple, ObservedFilter] = {}
+    for f in st.filters + chain_rows:
+        key = (f.kind, f.prio, f.protocol, f.handle)
+        if f.kind != "u32":
+            out.setdefault(key + (f.parent,), f)
+            continue
+        target = st.classes.get(f.classid)
+        parent = target.parent if target is not None and target.parent in inner else ROOT_HANDLE
+        out[key] = f._replace(parent=parent)
+    return list(out.values())
 
 
 def read_counters(reader) -> dict[tuple[str, int], HtbClassRow]:
@@ -60,7 +87,29 @@ def read_counters(reader) -> dict[tuple[str, int], HtbClassRow]:
     out = {}
     for idx in sorted(owned_ifindexes(reader.root_qdiscs())):
         dev = names.get(idx, str(idx))
-        for c in reader.htb_classes(idx, dev):
-            if c.classid >> 16 == HANDLE_MAJOR:
-                out[(dev, c.classid)] = c
+        rows = {c.classid: c for c in reader.htb_classes(idx, dev) if c.classid >> 16 == HANDLE_MAJOR}
+        for cid, c in with_leaf_queues(rows).items():
+            out[(dev, cid)] = c
+    return out
+
+
+def with_leaf_queues(rows: dict[int, HtbClassRow]) -> dict[int, HtbClassRow]:
+    """Inner tenant classes (destination scopes) with their leaves' drops and queue folded in.
+
+    HTB counts bytes at every level but drops and backlog only where the queue
+    is, in the leaves; a scoped tenant's own class would otherwise report 0
+    drops. The root class is left as the kernel reports it.
+    """
+    root_cls = ROOT_HANDLE | ROOT_CLASS_MINOR
+    extra: dict[int, list[int]] = {}
+    for c in rows.values():
+        if c.parent in rows and c.parent != root_cls:
+            e = extra.setdefault(c.parent, [0, 0, 0])
+            e[0] += c.drops
+            e[1] += c.backlog_bytes
+            e[2] += c.qlen
+    out = dict(rows)
+    for cid, (drops, backlog, qlen) in extra.items():
+        p = rows[cid]
+        out[cid] = p._replace(drops=p.drops + drops, backlog_bytes=p.backlog_bytes + backlog, qlen=p.qlen + qlen)
     return out

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..base import Operation
-from .objects import BpfFilter, HtbClass, HtbRoot, LeafQdisc, ObservedFilter, U32Filter, fmt_handle
+from .objects import ROOT_HANDLE, BpfFilter, HtbClass, HtbRoot, LeafQdisc, ObservedFilter, U32Filter, fmt_handle
 
 ROOT_LABEL = "root qdisc htb 7368:"
 
@@ -95,7 +95,8 @@ class AddU32Filter(Operation):
     def what(self) -> str:
         f = self.filter
         keys = " ".join(f"{k.value:08x}/{k.mask:08x}@{k.offset}" for k in f.keys)
-        return f"u32 filter {f.prefix or keys} -> {fmt_handle(f.classid)}"
+        where = "" if f.parent == ROOT_HANDLE else f" under {fmt_handle(f.parent)}"
+        return f"u32 filter {f.prefix or keys}{where} -> {fmt_handle(f.classid)}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,7 +128,10 @@ class DeleteFilterGroup(Operation):
 
     prio: int
     protocol: int
+    # The chain: the root qdisc's (7368:) or an inner tenant class's (destination scopes).
+    parent: int = 0x73680000
     verb: ClassVar[str] = "delete"
 
     def what(self) -> str:
-        return f"filters at prio {self.prio} protocol 0x{self.protocol:04x}"
+        where = "" if self.parent == 0x73680000 else f" under {fmt_handle(self.parent)}"
+        return f"filters at prio {self.prio} protocol 0x{self.protocol:04x}{where}"

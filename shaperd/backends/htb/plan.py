@@ -10,15 +10,20 @@ side only makes the kernel match what this returns.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...config import Config, Tenant, check_guarantee_sum, default_reserve_bps
 from ...errors import ConfigProblem
 from ...inventory import Capabilities, Inventory, Link
 from ...tenancy import Tenancy, tenancy
 from ..ids import assign_minors, bpf_program_name
+from . import mapcls
+from .scopes import scope_minors, scoped_tenant
 from .objects import (
     DEFAULT_CLASS_MINOR,
+    ETH_P_IP,
+    PRIO_U32_V4_BASE,
+    PRIO_U32_V6_BASE,
     PRIO_BPF_CGROUP,
     PRIO_BPF_IFINDEX,
     PRIO_BPF_MARK,
@@ -144,7 +149,7 @@ def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings(), ten
     for link in sorted(ten.uplinks, key=lambda l: l.name):
         if ten.dataplanes.get(link.name, "htb") != "htb":
             continue  # the edt backend plans it (tenancy.dataplanes); HTB's tree there is garbage
-        dp, probs = plan_device(cfg, inv, link, ten.interfaces, settings, ten.pod_tenants, ten.marks)
+        dp, probs = plan_device(cfg, inv, link, ten.interfaces, settings, ten.pod_tenants, ten.marks, warnings)
         problems.extend(probs)
         if dp is not None:
             plans.append(dp)
@@ -184,6 +189,7 @@ def cgroup_entries(
 def plan_device(
     cfg: Config, inv: Inventory, link: Link, ifmap: dict[int, tuple[str, str]], s: HtbSettings,
     by_pod: dict[str, str] | None = None, marks_by_tenant: dict[str, int] | None = None,
+    warnings_out: list[str] | None = None,
 ) -> tuple[DevicePlan | None, list[ConfigProblem]]:
     problems: list[ConfigProblem] = []
 
@@ -211,14 +217,24 @@ def plan_device(
         htb_class(s, root_cls, ROOT_HANDLE, capacity, capacity, 0, link.mtu, None),
         htb_class(s, classid(DEFAULT_CLASS_MINOR), root_cls, reserve, capacity, DEFAULT_CLASS_PRIO, link.mtu, None),
     ]
+    smins = scope_minors(cfg.tenants, minors)
+    inner: set[int] = {root_cls}
+    scope_filters: list[Filter] = []
+    dst_scopes: list = []
     for t in sorted(cfg.tenants, key=lambda t: minors[t.name]):
-        classes.append(
-            htb_class(
-                s, classid(minors[t.name]), root_cls, t.guarantee_bps,
-                t.limit_bps if t.limit_bps is not None else capacity, prios[t.name], link.mtu, t.name,
-            )
+        tcls = htb_class(
+            s, classid(minors[t.name]), root_cls, t.guarantee_bps,
+            t.limit_bps if t.limit_bps is not None else capacity, prios[t.name], link.mtu, t.name,
         )
-    leaves = [leaf_for(s, c, inv.capabilities) for c in classes if c.classid != root_cls]
+        classes.append(tcls)
+        if t.destinations:  # the tenant class becomes inner: a rest leaf and one leaf per scope (scopes.py)
+            kids, fl, ds = scoped_tenant(t, tcls, smins, lambda cid, parent, rate, ceil, prio, name: htb_class(
+                s, cid, parent, rate, ceil, prio, link.mtu, name))
+            classes.extend(kids)
+            scope_filters.extend(fl)
+            dst_scopes.extend(ds)
+            inner.add(tcls.classid)
+    leaves = [leaf_for(s, c, inv.capabilities) for c in classes if c.classid not in inner]
 
     filters: list[Filter] = []
     by_pod = by_pod or {}
@@ -245,9 +261,10 @@ def plan_device(
                                      mapping=mark_map, interfaces=tuple(f"mark 0x{v:x}" for v, _, _ in mark_map),
                                      kind="mark"))
     claimed: set = set()
+    src_prefixes: list = []  # (network, classid) in plan order
     for t in cfg.tenants:
         for net in t.match.cidrs:
-            filters.append(U32Filter.for_prefix(net, classid(minors[t.name])))
+            src_prefixes.append((net, classid(minors[t.name])))
             claimed.add(net)
     for pod in inv.pods:
         tenant = by_pod.get(pod.uid)
@@ -258,18 +275,70 @@ def plan_device(
                 net = ipaddress.ip_network(ip)
                 if net not in claimed:  # a configured prefix of the same length wins
                     claimed.add(net)
-                    filters.append(U32Filter.for_prefix(net, classid(minors[tenant])))
+                    src_prefixes.append((net, classid(minors[tenant])))
+    if not inv.capabilities.bpf_maps:
+        filters.extend(U32Filter.for_prefix(net, cls) for net, cls in src_prefixes)
     filters.sort(key=lambda f: (f.prio, getattr(f, "protocol", 0), getattr(f, "prefix", "")))
-    return (
-        DevicePlan(
-            device=link.name,
-            ifindex=link.ifindex,
-            capacity_bps=capacity,
-            root=HtbRoot(),
-            classes=tuple(classes),
-            leaves=tuple(leaves),
-            filters=tuple(filters),
-            tenant_classes={t.name: classid(minors[t.name]) for t in cfg.tenants},
-        ),
-        [],
+    filters.extend(sorted(scope_filters, key=lambda f: (f.parent, f.prio, f.protocol, f.prefix)))
+    dp = DevicePlan(
+        device=link.name,
+        ifindex=link.ifindex,
+        capacity_bps=capacity,
+        root=HtbRoot(),
+        classes=tuple(classes),
+        leaves=tuple(leaves),
+        filters=tuple(filters),
+        tenant_classes={t.name: classid(minors[t.name]) for t in cfg.tenants},
+        dst_scopes=tuple(sorted(dst_scopes, key=lambda d: (d.tenant_classid, str(d.prefix)))),
     )
+    if inv.capabilities.bpf_maps:
+        # eBPF path: the same decisions as map entries; the root keeps no classifying filter.
+        dp = with_map_classifier(dp, cfg.node.mark_mask, warnings_out if warnings_out is not None else [],
+                                 src_prefixes)
+    return dp, []
+
+
+def with_map_classifier(dp: DevicePlan, mark_mask: int, warnings: list[str], src_prefixes=()) -> DevicePlan:
+    """The eBPF path: the classifying filters (and dst scopes) become map entries; the root keeps the rest.
+
+    Built from the filters the u32/classic path would install, so both paths
+    make exactly the same decisions (one planner, two realisations).
+    """
+    mc, rest, warns = map_classifier_for(list(dp.filters), mark_mask, dp.dst_scopes, src_prefixes)
+    for w in warns:
+        if w not in warnings:
+            warnings.append(w)
+    return replace(dp, filters=tuple(rest), map_classifier=mc)
+
+
+def _is_source_prefix(f: U32Filter) -> bool:
+    if f.mark is not None or not f.prefix:
+        return False
+    if f.protocol == ETH_P_IP:
+        return PRIO_U32_V4_BASE <= f.prio <= PRIO_U32_V4_BASE + 32 and all(k.offset == 12 for k in f.keys)
+    return PRIO_U32_V6_BASE <= f.prio <= PRIO_U32_V6_BASE + 128 and all(8 <= k.offset < 24 for k in f.keys)
+
+
+def map_classifier_for(filters: list[Filter], mark_mask: int, dst_scopes=(), src_prefixes=()) -> tuple[
+        mapcls.MapClassifier, list[Filter], list[str]]:
+    """The classifying filters as eBPF map entries: (classifier, filters that stay, warnings)."""
+    ifindex: dict[int, int] = {}
+    cgroups: list[tuple[int, int, int]] = []
+    marks: dict[int, int] = {}
+    prefixes: dict = {}
+    for net, cls in src_prefixes:  # the planner's own (network, classid) pairs: no U32Filter built
+        prefixes.setdefault(net, cls)
+    rest: list[Filter] = []
+    for f in filters:
+        if isinstance(f, BpfFilter) and f.kind == "ifindex":
+            ifindex.update(dict(f.mapping))
+        elif isinstance(f, BpfFilter) and f.kind == "cgroup":
+            cgroups.extend(f.mapping)
+        elif isinstance(f, BpfFilter) and f.kind == "mark":
+            marks.update({value: cls for value, _mask, cls in f.mapping})
+        elif isinstance(f, U32Filter) and _is_source_prefix(f):
+            prefixes.setdefault(ipaddress.ip_network(f.prefix), f.classid)
+        else:
+            rest.append(f)
+    mc, warnings = mapcls.build(mark_mask, ifindex, tuple(cgroups), marks, prefixes, tuple(dst_scopes))
+    return mc, rest, warnings

@@ -21,6 +21,11 @@ from typing import Any
 
 from .errors import PodParseError
 
+# Volcano: the pod's PodGroup, and the queue-name fallbacks (label or annotation).
+GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"
+QUEUE_NAME_KEYS = ("volcano.sh/queue-name", "scheduling.volcano.sh/queue-name")
+KEPT_ANNOTATIONS = frozenset({GROUP_NAME_ANNOTATION, *QUEUE_NAME_KEYS})
+
 
 class FrozenMap(Mapping[str, str]):
     """An immutable, hashable str->str mapping (pod labels)."""
@@ -62,6 +67,10 @@ class PodInfo:
     qos_class: str | None  # status.qosClass: part of the pod cgroup path
     phase: str  # status.phase; "Unknown" when the server sent none
     node: str  # spec.nodeName
+    # Only the annotations shaperd reads (KEPT_ANNOTATIONS): others churn and must not look like a change.
+    annotations: Mapping[str, str] = FrozenMap()
+    # Resolved by discovery/kubernetes/volcano.py from the PodGroups; not on the wire.
+    volcano_queue: str | None = None
 
     @property
     def key(self) -> str:
@@ -122,9 +131,14 @@ class PodInfo:
         if not isinstance(phase, str):
             raise fail("status.phase", "a string", phase)
 
+        ann = meta.get("annotations") or {}
+        if not isinstance(ann, dict):
+            raise fail("metadata.annotations", "an object of strings", ann)
+        kept = {k: v for k, v in ann.items() if k in KEPT_ANNOTATIONS and isinstance(v, str)}
         return cls(
             uid=uid, namespace=ns, name=name, labels=FrozenMap(labels), ips=tuple(ips),
             host_network=host_network, qos_class=qos or None, phase=phase, node=node,
+            annotations=FrozenMap(kept),
         )
 
     @classmethod

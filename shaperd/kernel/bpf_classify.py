@@ -1,0 +1,428 @@
+"""The eBPF map classifier on the kernel side: bytecode, maps, attach on clsact egress, adopt, read, write.
+
+Owns: generating the direct-action program (hand-built bytecode, no
+compiler), creating its maps (layout in backends/htb/mapcls.py), attaching it
+as shaperd's own cls_bpf filter (prio/handle 0x7368) on the device's clsact
+egress hook, finding it again after a restart (filter dump TCA_BPF_ID ->
+program fd -> map ids -> map fds), reading the maps, and executing the
+classifier operations (one bpf() write per map changed).
+
+Why adoption by program id and not bpffs pins: the attached filter is the
+only reference that must exist for the classifier to work, it is already in
+the dump we read every resync, and the maps live exactly as long as the
+program: nothing can be left behind in /sys/fs/bpf by a crash or a
+`tc qdisc del`, and no bpffs mount is needed in the container.
+
+Must not: touch a clsact filter that is not its own (other agents share the
+hook), delete the clsact qdisc, or decide map contents.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+import socket
+
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_DELTFILTER, RTM_NEWQDISC, RTM_NEWTFILTER
+from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+from ..backends.base import ApplyResult, Operation
+from ..backends.htb import mapcls
+from ..backends.htb.mapcls import MAP_SHAPES, ROLES, MapClassifier, ObservedMapClassifier
+from ..errors import KernelError
+from . import bpf, bpf_maps
+
+TC_H_CLSACT = 0xFFFFFFF1
+CLSACT_HANDLE = 0xFFFF0000
+TC_H_CLSACT_EGRESS = 0xFFFFFFF3
+ETH_P_ALL = 0x0003
+_MAP_TYPES = {"hash": bpf_maps.MAP_HASH, "array": bpf_maps.MAP_ARRAY, "lpm_trie": bpf_maps.MAP_LPM_TRIE}
+_MAP_NAMES = {r: f"shpd_{r}" for r in ROLES}
+
+# __sk_buff offsets (uapi linux/bpf.h)
+_SKB_MARK, _SKB_PROTOCOL, _SKB_PRIORITY, _SKB_INGRESS_IFINDEX = 8, 16, 32, 36
+_SKB_DATA, _SKB_DATA_END = 76, 80
+_FN_MAP_LOOKUP, _FN_ANCESTOR_CGROUP_ID = 1, 83
+_ETH_P_IP_BE, _ETH_P_IPV6_BE = 0x0008, 0xDD86  # skb->protocol as a little-endian u32 load
+
+
+# ------------------------------------------------------------- a tiny assembler
+
+class _Asm:
+    """Instructions with symbolic jump targets; ``code()`` resolves them."""
+
+    def __init__(self):
+        self.items: list = []
+        self.labels: dict[str, int] = {}
+        self.pc = 0
+
+    def raw(self, b: bytes) -> None:
+        self.items.append(b)
+        self.pc += len(b) // 8
+
+    def i(self, code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> None:
+        self.raw(bpf._insn(code, dst, src, off, imm))
+
+    def jmp(self, code: int, dst: int, label: str, imm: int = 0, src: int = 0) -> None:
+        self.items.append((self.pc, code, dst, src, imm, label))
+        self.pc += 1
+
+    def label(self, name: str) -> None:
+        if name in self.labels:
+            raise ValueError(f"label {name} defined twice")
+        self.labels[name] = self.pc
+
+    def code(self) -> bytes:
+        out = []
+        for it in self.items:
+            if isinstance(it, bytes):
+                out.append(it)
+            else:
+                pc, code, dst, src, imm, label = it
+                out.append(bpf._insn(code, dst, src, self.labels[label] - pc - 1, imm))
+        return b"".join(out)
+
+
+_LDXW, _LDXDW, _STXW, _STXDW, _STW = 0x61, 0x79, 0x63, 0x7B, 0x62
+_MOV64X, _MOV32X, _MOV32K, _ADD64K, _ADD32K, _AND32K, _BE = 0xBF, 0xBC, 0xB4, 0x07, 0x04, 0x54, 0xDC
+_JA, _JEQK, _JGTX, _JEQ32K, _CALL, _EXIT = 0x05, 0x15, 0x2D, 0x16, 0x85, 0x95
+
+
+def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
+    """The program for map fds {role: fd} (see backends/htb/mapcls.py for the stages).
+
+    Registers: r6 = skb, r7 = classid found (0 = none), r8 = skb->protocol.
+    Stack: fp-8 u32 hash key, fp-16 u64 cgroup key, fp-32.. source LPM key,
+    fp-40.. destination LPM key.
+    """
+    a = _Asm()
+
+    def lookup(role: str, key_off: int, miss: str) -> None:
+        a.i(_MOV64X, 2, 10)
+        a.i(_ADD64K, 2, 0, 0, key_off)
+        a.raw(bpf_maps.ld_map_fd(1, fds[role]))
+        a.i(_CALL, imm=_FN_MAP_LOOKUP)
+        a.jmp(_JEQK, 0, miss, 0)
+
+    def packet(min_len: int, miss: str) -> None:
+        a.i(_LDXW, 2, 6, _SKB_DATA)
+        a.i(_LDXW, 3, 6, _SKB_DATA_END)
+        a.i(_MOV64X, 4, 2)
+        a.i(_ADD64K, 4, 0, 0, min_len)
+        a.jmp(_JGTX, 4, miss, src=3)
+
+    a.i(_MOV64X, 6, 1)
+    a.i(_MOV32K, 7, 0, 0, 0)
+    a.i(_LDXW, 8, 6, _SKB_PROTOCOL)
+    # 1. ingress interface
+    a.i(_LDXW, 2, 6, _SKB_INGRESS_IFINDEX)
+    a.i(_STXW, 10, 2, -8)
+    lookup("ifindex", -8, "cg0")
+    a.i(_LDXW, 7, 0, 0)
+    a.jmp(_JA, 0, "dst")
+    # 2. cgroup ancestors at the configured levels
+    for n in range(mapcls.CGROUP_LEVELS_MAX):
+        a.label(f"cg{n}")
+        nxt = f"cg{n + 1}" if n + 1 < mapcls.CGROUP_LEVELS_MAX else "mark"
+        a.i(_STW, 10, 0, -8, n)
+        lookup("cglevels", -8, "mark")
+        a.i(_LDXW, 2, 0, 0)
+        a.jmp(_JEQ32K, 2, "mark", 0)  # levels are packed from slot 0: an empty slot ends the list
+        a.i(_ADD32K, 2, 0, 0, -1)
+        a.i(_MOV64X, 1, 6)
+        a.i(_CALL, imm=_FN_ANCESTOR_CGROUP_ID)
+        a.jmp(_JEQK, 0, nxt, 0)  # no socket (forwarded) or not that deep
+        a.i(_STXDW, 10, 0, -16)
+        lookup("cgroup", -16, nxt)
+        a.i(_LDXW, 7, 0, 0)
+        a.jmp(_JA, 0, "dst")
+    # 3. mark under the node's mask
+    a.label("mark")
+    a.i(_LDXW, 2, 6, _SKB_MARK)
+    a.i(_AND32K, 2, 0, 0, mark_mask)
+    a.jmp(_JEQ32K, 2, "src", 0)
+    a.i(_STXW, 10, 2, -8)
+    lookup("mark", -8, "src")
+    a.i(_LDXW, 7, 0, 0)
+    a.jmp(_JA, 0, "dst")
+    # 4. source prefix, longest wins (LPM)
+    a.label("src")
+    a.jmp(_JEQ32K, 8, "src4", _ETH_P_IP_BE)
+    a.jmp(_JEQ32K, 8, "src6", _ETH_P_IPV6_BE)
+    a.jmp(_JA, 0, "out")
+    a.label("src4")
+    packet(14 + 20, "out")
+    a.i(_LDXW, 4, 2, 14 + 12)
+    a.i(_STXW, 10, 4, -28)
+    a.i(_STW, 10, 0, -32, 32)
+    lookup("src4", -32, "out")
+    a.i(_LDXW, 7, 0, 0)
+    a.jmp(_JA, 0, "dst4")
+    a.label("src6")
+    packet(14 + 40, "out")
+    for w in range(4):
+        a.i(_LDXW, 4, 2, 14 + 8 + 4 * w)
+        a.i(_STXW, 10, 4, -28 + 4 * w)
+    a.i(_STW, 10, 0, -32, 128)
+    lookup("src6", -32, "out")
+    a.i(_LDXW, 7, 0, 0)
+    a.jmp(_JA, 0, "dst6")
+    # 5. destination scope of the tenant found
+    a.label("dst")
+    a.jmp(_JEQ32K, 8, "dst4", _ETH_P_IP_BE)
+    a.jmp(_JEQ32K, 8, "dst6", _ETH_P_IPV6_BE)
+    a.jmp(_JA, 0, "write")
+    for fam, alen, daddr in (("dst4", 4, 14 + 16), ("dst6", 16, 14 + 24)):
+        a.label(fam)
+        packet(14 + (20 if alen == 4 else 40), "write")
+        for w in range(alen // 4):
+            a.i(_LDXW, 4, 2, daddr + 4 * w)
+            a.i(_STXW, 10, 4, -32 + 4 * w)
+        a.i(_MOV32X, 3, 7)
+        a.i(_BE, 3, 0, 0, 32)
+        a.i(_STXW, 10, 3, -36)
+        a.i(_STW, 10, 0, -40, 32 + 8 * alen)
+        lookup(fam, -40, "write")
+        a.i(_LDXW, 7, 0, 0)
+        a.jmp(_JA, 0, "write")
+    a.label("write")
+    a.i(_STXW, 6, 7, _SKB_PRIORITY)
+    a.label("out")
+    a.i(_MOV32K, 0, 0, 0, bpf.TC_ACT_UNSPEC)
+    a.i(_EXIT)
+    return a.code()
+
+
+# --------------------------------------------------------------------- maps
+
+class ClassifierMaps:
+    """The classifier's open maps by role (created fresh, or adopted from a program id)."""
+
+    def __init__(self, maps: dict[str, bpf_maps.BpfMap]):
+        self.maps = maps
+
+    @classmethod
+    def create(cls) -> ClassifierMaps:
+        maps: dict[str, bpf_maps.BpfMap] = {}
+        try:
+            for role in ROLES:
+                kind, ks, vs, n = MAP_SHAPES[role]
+                maps[role] = bpf_maps.create_map(_MAP_TYPES[kind], ks, vs, n, _MAP_NAMES[role])
+        except BaseException:
+            for m in maps.values():
+                m.close()
+            raise
+        return cls(maps)
+
+    @classmethod
+    def adopt(cls, prog_id: int) -> ClassifierMaps:
+        """The maps of the attached program ``prog_id`` (BpfMapError if it is gone or not ours)."""
+        fd = bpf_maps.prog_fd_by_id(prog_id)
+        try:
+            ids = bpf_maps.prog_info(fd).map_ids
+        finally:
+            os.close(fd)
+        maps: dict[str, bpf_maps.BpfMap] = {}
+        by_name = {v: k for k, v in _MAP_NAMES.items()}
+        try:
+            for mid in ids:
+                m = bpf_maps.open_map_by_id(mid)
+                role = by_name.get(m.name)
+                if role is None or role in maps:
+                    m.close()
+                    continue
+                maps[role] = m
+        except BaseException:
+            for m in maps.values():
+                m.close()
+            raise
+        missing = [r for r in ROLES if r not in maps]
+        if missing:
+            for m in maps.values():
+                m.close()
+            raise bpf_maps.BpfMapError(f"adopt classifier prog id {prog_id}: maps {missing} not found", errno_mod.ENOENT)
+        return cls(maps)
+
+    def close(self) -> None:
+        for m in self.maps.values():
+            m.close()
+
+    def __enter__(self) -> ClassifierMaps:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def fds(self) -> dict[str, int]:
+        return {r: m.fd for r, m in self.maps.items()}
+
+    def read(self) -> dict[str, dict[bytes, bytes]]:
+        return {r: m.items() for r, m in self.maps.items()}
+
+    def write(self, role: str, upserts, deletes) -> int:
+        """Apply one map's changes; returns the number of bpf() write syscalls."""
+        m = self.maps[role]
+        n = m.update_batch(list(upserts)) if upserts else 0
+        return n + (m.delete_batch(list(deletes)) if deletes else 0)
+
+
+def load(maps: ClassifierMaps, mark_mask: int, name: str) -> int:
+    """Load the program against ``maps``; returns its fd (the caller closes it after attaching)."""
+    return bpf.load_sched_cls(classifier_program(maps.fds(), mark_mask), name)
+
+
+# ------------------------------------------------------------- observe
+
+def observe(filter_rows, device: str) -> ObservedMapClassifier | None:
+    """Our classifier among the clsact egress filter rows of one device, with its maps' entries."""
+    ours = [f for f in filter_rows if f.kind == "bpf" and f.prio == mapcls.PRIO_EGRESS_CLASSIFY
+            and f.handle == mapcls.HANDLE_EGRESS_CLASSIFY]
+    if not ours:
+        return None
+    f = ours[0]
+    obs = ObservedMapClassifier(name=f.name, prog_id=getattr(f, "prog_id", 0), handle=f.handle, prio=f.prio)
+    if not mapcls.is_ours(f.name) or not obs.prog_id:
+        obs.error = f"filter {f.name or '?'} at shaperd's prio carries no readable program"
+        return obs
+    try:
+        with ClassifierMaps.adopt(obs.prog_id) as maps:
+            obs.entries = maps.read()
+    except bpf_maps.BpfMapError as e:
+        obs.error = f"read classifier maps on {device}: {e}"
+    return obs
+
+
+# --------------------------------------------------------------- writes
+
+_F_PUT = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+
+
+def _tcmsg(msg_type: int, flags: int, ifindex: int, handle: int, parent: int, info: int = 0, kind=None, opts=None):
+    m = tcmsg()
+    m["index"], m["handle"], m["parent"], m["info"] = ifindex, handle, parent, info
+    m["header"]["type"], m["header"]["flags"] = msg_type, flags
+    attrs = []
+    if kind is not None:
+        attrs.append(["TCA_KIND", kind])
+    if opts is not None:
+        attrs.append(["TCA_OPTIONS", opts])
+    m["attrs"] = attrs
+    return m
+
+
+def _info() -> int:
+    return (mapcls.PRIO_EGRESS_CLASSIFY << 16) | socket.htons(ETH_P_ALL)
+
+
+def ensure_clsact(ipr, ifindex: int) -> None:
+    """Add a clsact qdisc unless one is there (it is shared: never replaced, never deleted)."""
+    msg = _tcmsg(RTM_NEWQDISC, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, ifindex, CLSACT_HANDLE,
+                 TC_H_CLSACT, kind="clsact")
+    try:
+        ipr.nlm_request_batch([msg])
+    except NetlinkError as e:
+        if e.code != errno_mod.EEXIST:
+            raise
+
+
+def attach(ipr, ifindex: int, prog_fd: int, name: str) -> None:
+    """Create or replace shaperd's own filter (prio/handle 0x7368) on clsact egress, direct-action."""
+    opts = {"attrs": [["TCA_BPF_FD", prog_fd], ["TCA_BPF_NAME", name], ["TCA_BPF_FLAGS", 1]]}
+    msg = _tcmsg(RTM_NEWTFILTER, _F_PUT, ifindex, mapcls.HANDLE_EGRESS_CLASSIFY, TC_H_CLSACT_EGRESS, _info(),
+                 "bpf", opts)
+    ipr.nlm_request_batch([msg])
+
+
+def detach(ipr, ifindex: int) -> None:
+    msg = _tcmsg(RTM_DELTFILTER, NLM_F_REQUEST | NLM_F_ACK, ifindex, mapcls.HANDLE_EGRESS_CLASSIFY,
+                 TC_H_CLSACT_EGRESS, _info(), "bpf")
+    ipr.nlm_request_batch([msg])
+
+
+def install(ipr, ifindex: int, want: MapClassifier) -> int:
+    """Fresh maps, filled, program loaded and attached. Returns the number of bpf() map writes."""
+    writes = 0
+    with ClassifierMaps.create() as maps:
+        for role in ROLES:
+            entries = want.entries.get(role, {})
+            if entries:
+                writes += maps.write(role, list(entries.items()), [])
+        fd = load(maps, want.mark_mask, want.name)
+        try:
+            ensure_clsact(ipr, ifindex)
+            attach(ipr, ifindex, fd, want.name)
+        finally:
+            os.close(fd)
+    return writes
+
+
+def is_classifier_op(op: Operation) -> bool:
+    return isinstance(op, (mapcls.AttachMapClassifier, mapcls.UpdateClassifierMap, mapcls.DetachMapClassifier))
+
+
+def apply_ops(ipr, ops: list[Operation]) -> ApplyResult:
+    """Execute classifier operations one by one; each failure is attributed to its operation."""
+    result = ApplyResult()
+    for op in ops:
+        try:
+            if isinstance(op, mapcls.AttachMapClassifier):
+                install(ipr, op.ifindex, op.classifier)
+            elif isinstance(op, mapcls.UpdateClassifierMap):
+                with ClassifierMaps.adopt(op.prog_id) as maps:
+                    maps.write(op.role, op.upserts, op.deletes)
+            elif isinstance(op, mapcls.DetachMapClassifier):
+                try:
+                    detach(ipr, op.ifindex)
+                except NetlinkError as e:
+                    if e.code != errno_mod.ENOENT:
+                        raise
+            else:
+                raise TypeError(f"not a classifier operation: {type(op).__name__}")
+            result.applied.append(op)
+        except NetlinkError as e:
+            result.failed.append((op, op.error(os.strerror(e.code), e.code)))
+        except (bpf.BpfError, OSError, ValueError) as e:
+            result.failed.append((op, op.error(str(e), getattr(e, "errno", None))))
+        except KernelError as e:
+            result.failed.append((op, e))
+    return result
+
+
+def probe_load() -> tuple[bool, str]:
+    """Without a probe device (no throwaway namespace): create the maps, load the program and read
+    its maps back by id as a later reconcile adopts them; attach nothing (clsact and a tc filter are
+    NET_ADMIN's). The read-back is what fails without CAP_SYS_ADMIN: BPF_PROG_GET_FD_BY_ID and
+    BPF_MAP_GET_FD_BY_ID demand it, and a classifier that cannot be adopted would be reinstalled
+    on every reconcile. (ok, reason)."""
+    want, _ = mapcls.build(0xFFFFFFFF, {}, (), {}, {})
+    try:
+        with ClassifierMaps.create() as maps:
+            fd = load(maps, want.mark_mask, want.name)
+            try:
+                prog_id = bpf_maps.prog_info(fd).id
+                try:
+                    with ClassifierMaps.adopt(prog_id):  # while fd holds the program alive
+                        pass
+                except (bpf.BpfError, OSError) as e:
+                    return False, f"read its maps back by id (BPF_*_GET_FD_BY_ID need CAP_SYS_ADMIN): {e}"
+            finally:
+                os.close(fd)
+    except (bpf.BpfError, OSError) as e:
+        return False, str(e)
+    return True, "ok"
+
+
+def probe(ipr, ifindex: int) -> tuple[bool, str]:
+    """Can the map classifier run here? Creates its maps, loads and attaches it on ``ifindex`` (a probe
+    device in a throwaway namespace), then detaches it. (ok, reason)."""
+    want, _ = mapcls.build(0xFFFFFFFF, {}, (), {}, {})
+    try:
+        install(ipr, ifindex, want)
+        detach(ipr, ifindex)
+    except NetlinkError as e:
+        return False, f"attach on clsact egress: {os.strerror(e.code)}"
+    except (bpf.BpfError, OSError) as e:
+        return False, str(e)
+    return True, "ok"

@@ -1,0 +1,51 @@
+"""Which classifier path is in use: the status section (from kernel rows) and shaperd_classifier_info."""
+
+from types import SimpleNamespace
+
+from shaperd.backends.htb import mapcls
+from shaperd.kernel.rtnl_rows import FilterRow, LinkRow, QdiscRow
+from shaperd.report import classifier_metrics, classifier_status
+
+
+class Reader:
+    def __init__(self, egress):
+        self.egress = egress
+
+    def qdiscs(self):
+        return [QdiscRow(ifindex=2, parent=0xFFFFFFFF, handle=0x73680000, kind="htb"),
+                QdiscRow(ifindex=3, parent=0xFFFFFFFF, handle=0x73680000, kind="htb"),
+                QdiscRow(ifindex=2, parent=0xFFFFFFF1, handle=0xFFFF0000, kind="clsact"),
+                QdiscRow(ifindex=4, parent=0xFFFFFFFF, handle=0x10000, kind="htb")]
+
+    def links(self):
+        return [LinkRow(2, "eth0", "", 1500, True), LinkRow(3, "eth1", "", 1500, True),
+                LinkRow(4, "eth2", "", 1500, True)]
+
+    def filters(self, ifindex, parent, device):
+        assert parent == 0xFFFFFFF3
+        return self.egress if ifindex == 2 else []
+
+
+def test_status_says_ebpf_only_where_our_filter_is_on_clsact_egress():
+    name = mapcls.program_name(0xFF)
+    ours = FilterRow(2, 0xFFFFFFF3, mapcls.PRIO_EGRESS_CLASSIFY, 3, 0x7368, "bpf", name=name, prog_id=42)
+    foreign = FilterRow(2, 0xFFFFFFF3, 1, 3, 1, "bpf", name="cil_to_netdev", prog_id=7)
+    paths = classifier_status.collect(Reader([foreign, ours]))
+    assert paths == {"eth0": {"path": "ebpf", "program": name, "prog_id": 42},
+                     "eth1": {"path": "u32", "program": None, "prog_id": None}}  # eth2: not shaperd's root
+    text = classifier_status.render(paths)
+    assert f"eth0: ebpf (program {name}, id 42)" in text and "eth1: u32" in text
+    assert classifier_status.collect(Reader([foreign]))["eth0"]["path"] == "u32"
+
+
+def test_classifier_info_metric_has_one_series_per_device():
+    from shaperd.backends.htb.backend import HtbBackend
+
+    b = HtbBackend(writer=None)
+    b.classifier_paths = {"eth0": "ebpf", "eth1": "u32"}
+    metrics = SimpleNamespace(collectors=SimpleNamespace(collectors={}))
+    classifier_metrics.install(metrics, [object(), b])
+    (fam,) = list(metrics.collectors.collectors["classifier"].collect())
+    assert fam.name == "shaperd_classifier_info"
+    assert sorted((s.labels["device"], s.labels["path"], s.value) for s in fam.samples) == [
+        ("eth0", "ebpf", 1), ("eth1", "u32", 1)]

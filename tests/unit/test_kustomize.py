@@ -1,0 +1,329 @@
+"""daemonset/: every overlay renders with kustomize and passes what an API server would check.
+
+Three layers, because offline schema validation alone once passed a manifest the API
+server refuses (a Bidirectional mount on an unprivileged container):
+1. the rendered objects, strict, against the Kubernetes 1.29, 1.30 and 1.31 schemas
+   (kubernetes-validate, offline). CRD kinds (ServiceMonitor, PrometheusRule, cert-manager's
+   Issuer and Certificate) have no schema there: they get a structural check of the
+   fields their controllers require instead;
+2. API-server validation rules no schema holds (mount propagation, no_new_privs with
+   privileged or SYS_ADMIN) and Pod Security admission (the namespace's level admits the pods);
+3. the project's own rules: pullable image references, the tenants ConfigMap outside every
+   overlay, least-privilege RBAC, the PrometheusRule generated from deploy/prometheus.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shaperd import config
+from shaperd.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+DS = ROOT / "daemonset"
+OVERLAYS = sorted(p.name for p in (DS / "overlays").iterdir() if (p / "kustomization.yaml").exists())
+K8S_VERSIONS = ["1.29.0", "1.30.0", "1.31.0"]
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "Issuer", "Certificate"}
+
+
+def _kustomize_cmd() -> list[str] | None:
+    """kubectl's built-in kustomize (v4+: components), else a kustomize binary; None if neither."""
+    if shutil.which("kubectl"):
+        r = subprocess.run(["kubectl", "version", "--client"], capture_output=True, text=True, timeout=30,
+                           start_new_session=True)
+        m = re.search(r"Kustomize Version: v(\d+)", r.stdout)
+        if m and int(m.group(1)) >= 4:
+            return ["kubectl", "kustomize"]
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    return None
+
+
+KUSTOMIZE = _kustomize_cmd()
+needs_kustomize = pytest.mark.skipif(
+    KUSTOMIZE is None, reason="no kustomize v4+ (kubectl kustomize or kustomize build) on PATH; see scripts/setup")
+
+
+COMPONENTS = sorted(p.name for p in (DS / "components").iterdir() if (p / "kustomization.yaml").exists())
+
+
+def render(overlay: str | Path) -> list[dict]:
+    path = overlay if isinstance(overlay, Path) else DS / "overlays" / overlay
+    r = subprocess.run([*KUSTOMIZE, str(path)], capture_output=True, text=True, timeout=60, start_new_session=True)
+    assert r.returncode == 0, r.stderr
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def everything(tmp_path_factory) -> list[dict]:
+    """The base with every component, as an operator's own overlay would combine them."""
+    if KUSTOMIZE is None:
+        pytest.skip("no kustomize v4+ on PATH")
+    d = tmp_path_factory.mktemp("overlay")
+    rel = os.path.relpath(DS, d)  # kustomize refuses absolute paths to bases and components
+    (d / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [f"{rel}/base"], "components": [f"{rel}/components/{c}" for c in COMPONENTS],
+        "images": [{"name": "shaperd", "newName": "ghcr.io/shaperd/shaperd", "newTag": "0.1.0"}]}))
+    return render(d)
+
+
+@pytest.fixture(scope="module")
+def rendered(everything) -> dict[str, list[dict]]:
+    """Every overlay, and "+all": the base with every component."""
+    return {**{o: render(o) for o in OVERLAYS}, "+all": everything}
+
+
+def test_the_components_are_the_documented_ones():
+    assert COMPONENTS == ["cilium-policies", "config-map", "monitoring", "rdma-webhook", "volcano"]
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def pod_specs(docs: list[dict]):
+    for d in docs:
+        if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet", "Job"):
+            yield d, d["spec"]["template"]["spec"]
+
+
+def containers(spec: dict):
+    yield from spec.get("initContainers", []) + spec.get("containers", [])
+
+
+def test_the_overlays_are_the_documented_ones():
+    assert OVERLAYS == ["default", "full", "monitoring", "rdma-webhook"]
+
+
+# ---- 1. schemas ------------------------------------------------------------------------------
+
+@needs_kustomize
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_builtin_object_is_valid_strict_for(version, rendered):
+    kv = pytest.importorskip("kubernetes_validate")
+    checked = 0
+    for overlay, docs in rendered.items():
+        for d in docs:
+            if d["kind"] in CRD_KINDS:
+                continue
+            try:
+                kv.validate(d, version, strict=True)
+            except kv.ValidationError as e:
+                pytest.fail(f"{overlay}: {d['kind']}/{d['metadata']['name']} invalid for {version}: {e.message}")
+            checked += 1
+    assert checked >= 5 * 6  # every rendering's namespace, RBAC, DaemonSet and Service at least
+
+
+def test_a_bad_manifest_is_refused_by_the_validator():
+    # The check above can fail: an unknown field under strict, and a wrong type.
+    kv = pytest.importorskip("kubernetes_validate")
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}, "spec": {"ports": [{"port": "x"}]}}
+    with pytest.raises(kv.ValidationError):
+        kv.validate(svc, "1.30.0", strict=True)
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}, "spec": {"portz": []}}
+    with pytest.raises(kv.ValidationError):
+        kv.validate(svc, "1.30.0", strict=True)
+
+
+@needs_kustomize
+def test_crd_objects_carry_what_their_controllers_require(rendered):
+    docs = rendered["full"]
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    svc = next(s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "shaperd-metrics")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+    (pr,) = by_kind(docs, "PrometheusRule")
+    assert pr["apiVersion"] == "monitoring.coreos.com/v1" and pr["spec"]["groups"]
+    for g in pr["spec"]["groups"]:
+        assert g["name"] and all(("alert" in r) ^ ("record" in r) and r["expr"] for r in g["rules"])
+    for kind in ("Issuer", "Certificate"):
+        (obj,) = by_kind(docs, kind)
+        assert obj["apiVersion"] == "cert-manager.io/v1" and obj["spec"]
+
+
+# ---- 2. what the API server and Pod Security admission check --------------------------------
+
+PSA_BASELINE_CAPS = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+                     "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+
+
+def baseline_violations(spec: dict) -> list[str]:
+    """What the Pod Security "baseline" level forbids in this pod (the parts shaperd could hit)."""
+    out = [f"host namespace {k}" for k in ("hostNetwork", "hostPID", "hostIPC") if spec.get(k)]
+    out += [f"hostPath volume {v['name']}" for v in spec.get("volumes", []) if "hostPath" in v]
+    for c in containers(spec):
+        sc = c.get("securityContext", {})
+        if sc.get("privileged"):
+            out.append(f"privileged container {c['name']}")
+        added = {a.removeprefix("CAP_") for a in sc.get("capabilities", {}).get("add", [])}
+        out += [f"capability {a} in {c['name']}" for a in sorted(added - PSA_BASELINE_CAPS)]
+        out += [f"hostPort in {c['name']}" for p in c.get("ports", []) if p.get("hostPort")]
+    return out
+
+
+def api_server_errors(spec: dict) -> list[str]:
+    """pkg/apis/core/validation rules that no OpenAPI schema holds."""
+    out = []
+    for c in containers(spec):
+        sc = c.get("securityContext", {})
+        privileged = bool(sc.get("privileged"))
+        for m in c.get("volumeMounts", []):
+            if m.get("mountPropagation") == "Bidirectional" and not privileged:
+                out.append(f"{c['name']}: Bidirectional mount propagation of {m['name']} is available only to "
+                           "privileged containers")
+        if sc.get("allowPrivilegeEscalation") is False:
+            if privileged:
+                out.append(f"{c['name']}: allowPrivilegeEscalation false with privileged true")
+            # The API server matches the literal CAP_SYS_ADMIN; SYS_ADMIN is the same capability
+            # (and no_new_privs no barrier for it), so both spellings are refused here.
+            if {"SYS_ADMIN", "CAP_SYS_ADMIN"} & set(sc.get("capabilities", {}).get("add", [])):
+                out.append(f"{c['name']}: allowPrivilegeEscalation false with SYS_ADMIN")
+    return out
+
+
+def test_the_rule_checks_catch_the_manifest_that_was_refused():
+    bad = {"containers": [{"name": "a", "securityContext": {"allowPrivilegeEscalation": False,
+                                                          "capabilities": {"add": ["NET_ADMIN", "SYS_ADMIN"]}},
+                           "volumeMounts": [{"name": "n", "mountPath": "/run/netns",
+                                             "mountPropagation": "Bidirectional"}]}],
+           "hostNetwork": True, "volumes": [{"name": "n", "hostPath": {"path": "/run/netns"}}]}
+    assert len(api_server_errors(bad)) == 2
+    assert set(baseline_violations(bad)) == {"host namespace hostNetwork", "hostPath volume n",
+                                             "capability NET_ADMIN in a", "capability SYS_ADMIN in a"}
+
+
+@needs_kustomize
+def test_no_pod_breaks_an_api_server_rule(rendered):
+    for overlay, docs in rendered.items():
+        for obj, spec in pod_specs(docs):
+            assert api_server_errors(spec) == [], f"{overlay}: {obj['kind']}/{obj['metadata']['name']}"
+
+
+@needs_kustomize
+def test_pod_security_admission_admits_every_pod(rendered):
+    for overlay, docs in rendered.items():
+        namespaces = {n["metadata"]["name"]: n["metadata"].get("labels", {}) for n in by_kind(docs, "Namespace")}
+        for obj, spec in pod_specs(docs):
+            labels = namespaces[obj["metadata"]["namespace"]]
+            level = labels.get("pod-security.kubernetes.io/enforce")
+            if baseline_violations(spec):
+                assert level == "privileged", (overlay, obj["metadata"]["name"], baseline_violations(spec))
+        # The agent needs the host's network: without the label a baseline cluster rejects it.
+        (agent,) = [o for o, _ in pod_specs(docs) if o["kind"] == "DaemonSet"]
+        assert baseline_violations(agent["spec"]["template"]["spec"])
+
+
+@needs_kustomize
+def test_the_agent_is_hardened_and_each_capability_is_needed(rendered):
+    (ds,) = by_kind(rendered["default"], "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    sc = c["securityContext"]
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["privileged"] is False and sc["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "BPF"]}
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert spec["priorityClassName"] == "system-node-critical" and {"operator": "Exists"} in spec["tolerations"]
+    assert all("mountPropagation" not in m for m in c["volumeMounts"])
+    req, lim = c["resources"]["requests"], c["resources"]["limits"]
+    mib = lambda q: int(q.removesuffix("Mi"))  # noqa: E731
+    assert mib(req["memory"]) >= 85 and mib(lim["memory"]) >= 2 * mib(req["memory"])  # measured 85 MiB RSS
+    args = build_parser().parse_args(c["args"])
+    assert args.cmd == "run" and Path(args.config).parent == Path(
+        next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "tenants"))
+
+
+# ---- 3. the project's rules -----------------------------------------------------------------
+
+IMAGE = re.compile(r"^(?P<registry>[a-z0-9.-]+\.[a-z]{2,}|localhost)(:\d+)?/(?P<repo>[a-z0-9._/-]+)"
+                   r"(:(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(@sha256:[0-9a-f]{64})?$")
+
+
+def pullable(ref: str) -> bool:
+    m = IMAGE.match(ref)
+    return bool(m) and ("@sha256:" in ref or (m["tag"] not in (None, "latest") and any(ch.isdigit() for ch in m["tag"])))
+
+
+def test_the_image_rule():
+    assert pullable("ghcr.io/shaperd/shaperd:0.1.0") and pullable("registry.local:5000/x/y@sha256:" + "a" * 64)
+    assert not pullable("shaperd:0.1.0") and not pullable("ghcr.io/shaperd/shaperd:latest")
+    assert not pullable("ghcr.io/shaperd/shaperd")
+
+
+@needs_kustomize
+def test_every_image_is_a_pullable_reference_with_a_real_tag(rendered):
+    for overlay, docs in rendered.items():
+        for obj, spec in pod_specs(docs):
+            for c in containers(spec):
+                assert pullable(c["image"]), f"{overlay}: {obj['metadata']['name']}/{c['name']}: {c['image']}"
+
+
+@needs_kustomize
+def test_no_overlay_carries_the_tenants_so_an_upgrade_keeps_them(rendered):
+    tenants = yaml.safe_load((DS / "tenants" / "traffic-shaping.yaml").read_text())
+    cfg = config.load_text(tenants["data"]["traffic-shaping.yaml"], "daemonset/tenants")
+    assert [t.name for t in cfg.tenants] == ["tenant-a", "tenant-b"]
+    for overlay, docs in rendered.items():
+        assert not by_kind(docs, "ConfigMap"), overlay
+        for obj, spec in pod_specs(docs):
+            cms = [v["configMap"]["name"] for v in spec.get("volumes", []) if "configMap" in v]
+            assert cms == [tenants["metadata"]["name"]], (overlay, obj["metadata"]["name"])
+            assert obj["metadata"]["namespace"] == tenants["metadata"]["namespace"]
+
+
+@needs_kustomize
+def test_rbac_is_list_and_watch_of_pods_only(rendered):
+    (role,) = by_kind(rendered["default"], "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    watcher = (ROOT / "shaperd" / "discovery" / "kubernetes" / "watcher.py").read_text()
+    calls = set(re.findall(r"\.(list_\w+|read_\w+|create_\w+|patch_\w+|delete_\w+)\(", watcher))
+    assert calls == {"list_pod_for_all_namespaces"}  # the only API call the agent makes (list, and watch=True)
+    (binding,) = by_kind(rendered["default"], "ClusterRoleBinding")
+    (sa,) = by_kind(rendered["default"], "ServiceAccount")
+    (ds,) = by_kind(rendered["default"], "DaemonSet")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": sa["metadata"]["namespace"]}]
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_the_prometheusrule_is_generated_from_the_rules_file():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen-prometheusrule"), "--check"], capture_output=True,
+                       text=True, timeout=60, start_new_session=True)
+    assert r.returncode == 0, r.stderr
+    pr = yaml.safe_load((DS / "components" / "monitoring" / "prometheusrule.yaml").read_text())
+    src = yaml.safe_load((ROOT / "deploy" / "prometheus" / "shaperd-alerts.yaml").read_text())
+    assert pr["spec"]["groups"] == src["groups"]
+
+
+@needs_kustomize
+def test_the_agents_arguments_suit_the_cli_in_every_rendering(rendered):
+    for overlay, docs in rendered.items():
+        (ds,) = by_kind(docs, "DaemonSet")
+        args = build_parser().parse_args(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+        assert args.cmd == "run", overlay
+    (ds,) = by_kind(rendered["+all"], "DaemonSet")
+    args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--cilium-policies" in args and args[args.index("--config-map") + 1] == "kubeflow/training-network-isolation"
+
+
+@needs_kustomize
+def test_every_role_is_read_only_and_bound_to_the_agent(rendered):
+    docs = rendered["+all"]
+    roles = by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+    assert len(roles) == 4  # pods, Volcano, Cilium policies, the one ConfigMap
+    for r in roles:
+        for rule in r["rules"]:
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}, r["metadata"]["name"]
+    for b in by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding"):
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "shaperd", "namespace": "shaperd-system"}]

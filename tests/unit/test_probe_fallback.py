@@ -1,0 +1,56 @@
+"""kernel/probe without CAP_SYS_ADMIN (the DaemonSet and the unit drop it): no throwaway namespace,
+so the probe falls back, still tests cls_bpf in place and takes fq_codel leaves only where the
+node's default qdisc proves fq_codel exists. No kernel is touched: the namespace call is refused."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from shaperd.kernel import bpf, bpf_classify, probe
+
+
+@pytest.fixture
+def no_netns(monkeypatch):
+    def refuse(name):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(probe.netns, "create", refuse)
+
+
+def procfs(tmp_path, qdisc: str | None):
+    d = tmp_path / "sys" / "net" / "core"
+    d.mkdir(parents=True)
+    if qdisc is not None:
+        (d / "default_qdisc").write_text(qdisc + "\n")
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("qdisc,leaves", [("fq_codel", {"bfifo", "fq_codel"}), ("pfifo_fast", {"bfifo"}),
+                                          ("fq", {"bfifo"}), (None, {"bfifo"})])
+def test_fallback_leaves_follow_the_default_qdisc(no_netns, monkeypatch, tmp_path, qdisc, leaves):
+    monkeypatch.setattr(bpf, "bpf_supported", lambda: (True, "ok"))
+    monkeypatch.setattr(bpf_classify, "probe_load", lambda: (True, "ok"))
+    monkeypatch.delenv("SHAPERD_CLASSIFIER", raising=False)
+    caps = probe.probe_capabilities(procfs(tmp_path, qdisc))
+    assert caps.htb and caps.u32 and caps.bpf and caps.bpf_maps and caps.leaf_kinds == frozenset(leaves)
+    assert "capability probe skipped (Operation not permitted)" in caps.notes[0]
+
+
+def test_fallback_reports_cls_bpf_missing_when_the_load_is_refused(no_netns, monkeypatch, tmp_path):
+    monkeypatch.setattr(bpf, "bpf_supported", lambda: (False, "load SCHED_CLS program: EPERM"))
+    monkeypatch.setattr(bpf_classify, "probe_load", lambda: pytest.fail("no map classifier without cls_bpf"))
+    caps = probe.probe_capabilities(procfs(tmp_path, "fq_codel"))
+    assert not caps.bpf and not caps.bpf_maps
+    assert any("cls_bpf unavailable (load SCHED_CLS program: EPERM)" in n for n in caps.notes)
+
+
+def test_fallback_map_classifier_refused_or_forced_off_means_u32(no_netns, monkeypatch, tmp_path):
+    monkeypatch.setattr(bpf, "bpf_supported", lambda: (True, "ok"))
+    monkeypatch.setattr(bpf_classify, "probe_load", lambda: (False, "create map: EPERM"))
+    caps = probe.probe_capabilities(procfs(tmp_path, None))
+    assert caps.bpf and not caps.bpf_maps and any("create map: EPERM" in n for n in caps.notes)
+    monkeypatch.setattr(bpf_classify, "probe_load", lambda: (True, "ok"))
+    monkeypatch.setenv("SHAPERD_CLASSIFIER", "u32")
+    assert not probe.probe_capabilities(procfs(tmp_path / "x", None)).bpf_maps
