@@ -111,3 +111,21 @@ def test_shaperd_plan_shows_the_edt_tree_as_tc_commands():
     assert "tc qdisc replace dev eth0 root handle 7365: mq" in text
     assert "tc qdisc replace dev eth0 parent 7365:4 handle 8004: fq limit 100000 flow_limit 10000" in text
     assert "edt stamper shpe_" in text and "train" in text and "batch" in text
+
+
+def test_edt_uplinks_get_the_same_map_classifier_htb_would_install():
+    from shaperd.backends.htb.plan import plan as htb_plan
+
+    c = config.from_dict({"node": {"interfaces": ["eth0"], "dataplane": "edt"}, "tenants": [
+        {"name": "train", "bandwidthGuarantee": "60Gbps", "match": {"cidrs": ["198.18.1.0/24"]}}]})
+    caps = Capabilities(bpf=True, bpf_maps=True, fq=True, mq=True)
+    inv = Inventory(links=(LINK,), capabilities=caps)
+    (dp,) = edt_plan.plan(c, inv, tenancy(c, inv)).devices
+    c_htb = config.from_dict({"node": {"interfaces": ["eth0"]}, "tenants": [
+        {"name": "train", "bandwidthGuarantee": "60Gbps", "match": {"cidrs": ["198.18.1.0/24"]}}]})
+    inv_htb = Inventory(links=(LINK,), capabilities=caps)
+    (hp,) = htb_plan(c_htb, inv_htb).devices
+    assert dp.map_classifier is not None and dp.map_classifier == hp.map_classifier
+    ops = diff_device(dp, EdtDeviceState("eth0", 2, root_kind="mq", root_handle=0)).ops
+    assert any(type(o).__name__.startswith("Attach") or "classifier" in o.describe() for o in ops), \
+        [o.describe() for o in ops]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ...errors import KernelError
 from ...inventory import Capabilities, Inventory
-from ...kernel import tc
+from ...kernel import bpf_classify, tc
 from ...kernel.rtnl_rows import TC_H_ROOT
 from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
 from ..marks.objects import TC_H_CLSACT
@@ -54,9 +54,11 @@ def device_states(reads, inv: Inventory) -> EdtObserved:
         if not st.clsact:
             continue
         try:
-            for f in reads.filters(st.ifindex, TC_H_EGRESS_PARENT, st.device):
+            rows = reads.filters(st.ifindex, TC_H_EGRESS_PARENT, st.device)
+            for f in rows:
                 if f.kind == "bpf" and f.prio == PRIO_STAMPER:
                     st.stamper_name, st.stamper_prog_id = f.name, f.prog_id
+            st.map_classifier = bpf_classify.observe(rows, st.device)
         except KernelError as e:
             out.errors[st.ifindex] = str(e)
     out.devices = by_idx
@@ -106,7 +108,15 @@ class EdtBackend:
         return out
 
     def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
-        return tc.apply_ops(self.writer, diff.ops, batch=batch)
+        # tc objects first (root, clsact, stamper), then the map classifier's writes (as the htb backend does).
+        tc_ops = [op for op in diff.ops if not bpf_classify.is_classifier_op(op)]
+        cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
+        result = tc.apply_ops(self.writer, tc_ops, batch=batch)
+        if cls_ops and not result.batch_failed:
+            more = bpf_classify.apply_ops(self.writer, cls_ops)
+            result.applied.extend(more.applied)
+            result.failed.extend(more.failed)
+        return result
 
     def teardown(self, observed: EdtObserved) -> list[TargetDiff]:
         return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)

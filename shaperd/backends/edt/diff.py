@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..base import TargetDiff
 from ..htb.objects import DEFAULT_ROOT_KINDS, ROOT_HANDLE as HTB_ROOT_HANDLE
 from ..marks.ops import AddClsact
+from ..htb import mapcls
 from . import plan as planmod
 from .objects import PRIO_STAMPER, ROOT_HANDLE, EdtDevicePlan, EdtDeviceState
 from .ops import DeleteRoot, DeleteStamper, SetFq, SetRoot, SetStamper
@@ -45,6 +46,7 @@ def diff_device(dp: EdtDevicePlan, st: EdtDeviceState, take_over: bool = False) 
             td.ops.append(SetRoot(kind="fq", handle=ROOT_HANDLE, fq=fq, reason="edt: single TX queue", **kw))
     if not st.clsact:
         td.ops.append(AddClsact(reason="edt stamper on egress", **kw))
+    td.ops.extend(mapcls.diff(dp.device, dp.ifindex, dp.map_classifier, st.map_classifier))
     if st.stamper_name != dp.stamper.name:
         td.ops.append(SetStamper(stamper=dp.stamper, initial_q16=planmod.initial_q16(dp),
                                  reason="departure times per tenant", **kw))
@@ -57,6 +59,8 @@ def diff_teardown(st: EdtDeviceState, keep_root: bool = False, reason: str = "")
     kw = dict(device=st.device, ifindex=st.ifindex, reason=reason)
     if st.stamper_name is not None:
         td.ops.append(DeleteStamper(prio=PRIO_STAMPER, name=st.stamper_name, **kw))
+    if not keep_root:  # a device going back to htb keeps the classifier: HTB wants the same one
+        td.ops.extend(mapcls.diff(st.device, st.ifindex, None, st.map_classifier))
     if st.owned and not keep_root:
         td.ops.append(DeleteRoot(handle=ROOT_HANDLE, **kw))
     return td

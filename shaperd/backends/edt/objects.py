@@ -87,6 +87,9 @@ class EdtDevicePlan:
     stamper: Stamper
     shares: tuple[EdtShareSpec, ...] = ()
     tenant_keys: dict[str, int] = field(default_factory=dict, compare=False)
+    # The eBPF map classifier (backends/htb/mapcls.py) that writes the tenant's class id into skb->priority,
+    # planned exactly as on an htb uplink; None where the kernel has no eBPF maps (then only SO_PRIORITY works).
+    map_classifier: object | None = None
 
 
 @dataclass
@@ -101,6 +104,7 @@ class EdtDeviceState:
     clsact: bool = False
     stamper_name: str | None = None
     stamper_prog_id: int = 0
+    map_classifier: object | None = None  # kernel/bpf_classify.py ObservedMapClassifier
 
     @property
     def owned(self) -> bool:

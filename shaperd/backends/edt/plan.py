@@ -29,7 +29,7 @@ Sizing (README, "EDT data plane"):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...config import Config, check_guarantee_sum, default_reserve_bps
 from ...errors import ConfigProblem
@@ -87,6 +87,7 @@ def fq_sizing(capacity_bps: int, tx_queues: int, max_limit_bps: int, h_ns: int, 
 
 def plan(cfg: Config, inv: Inventory, ten: Tenancy, take_over: bool = False) -> EdtPlan:
     problems: list[ConfigProblem] = []
+    warnings: list[str] = []
     devices: list[EdtDevicePlan] = []
     skipped: list[str] = []
     minors = assign_minors([t.name for t in cfg.tenants])
@@ -98,10 +99,20 @@ def plan(cfg: Config, inv: Inventory, ten: Tenancy, take_over: bool = False) -> 
         if dp is None:
             skipped.append(link.name)
         else:
-            devices.append(dp)
+            devices.append(replace(dp, map_classifier=_map_classifier(cfg, inv, link, ten, warnings)))
     htb = tuple(sorted(l.name for l in ten.uplinks if ten.dataplanes.get(l.name, "htb") == "htb"))
-    return EdtPlan(tuple(devices), tuple(problems), (), tuple(skipped), htb, take_over or cfg.node.take_over,
+    return EdtPlan(tuple(devices), tuple(problems), tuple(warnings), tuple(skipped), htb, take_over or cfg.node.take_over,
                    {t.name: minors[t.name] for t in cfg.tenants})
+
+
+def _map_classifier(cfg: Config, inv: Inventory, link: Link, ten: Tenancy, warnings: list[str]):
+    """The map classifier HTB would put on this uplink (same tenants, same class ids), or None without eBPF maps."""
+    if not inv.capabilities.bpf_maps:
+        return None
+    from ..htb.plan import HtbSettings, plan_device as htb_plan_device
+
+    dp, _ = htb_plan_device(cfg, inv, link, ten.interfaces, HtbSettings(), ten.pod_tenants, ten.marks, warnings)
+    return getattr(dp, "map_classifier", None)
 
 
 def plan_device(cfg: Config, link: Link, minors: dict[str, int]) -> tuple[EdtDevicePlan | None, list[ConfigProblem]]:
