@@ -1,4 +1,4 @@
-"""PodWatcher against a fake API server, through the official client library (no root).
+"""PodWatcher against a fake API server, through shaperd's own client (no root).
 
 Every test gets its own fake server, kubeconfig and watcher, stopped even
 when the test fails. Nothing here depends on how fast the machine is:
@@ -402,13 +402,13 @@ def test_load_client_config(tmp_path, monkeypatch, api):
 
 def test_stop_between_response_and_stream_still_cuts_the_watch(api, tmp_path, monkeypatch):
     """stop() that lands after the watch's headers arrived but before the library kept the
-    response (a window the library's own Watch.stop misses) still ends the thread: without
-    the cut it would read until the server's timeout (300 s here)."""
-    from kubernetes import client
+    response still ends the thread: without the cut it would read until the server's
+    timeout (300 s here)."""
+    from shaperd.discovery.kubernetes.api import CoreV1
 
     kubeconfig = write_kubeconfig(tmp_path / "kc", api.url)
     w = PodWatcher(NODE, lambda: None, kubeconfig=str(kubeconfig), request_timeout_s=10, watch_timeout_s=300)
-    orig = client.CoreV1Api.list_pod_for_all_namespaces
+    orig = CoreV1.list_pod_for_all_namespaces
     stopper: list[threading.Thread] = []
 
     def list_then_stop(self, **kw):
@@ -417,10 +417,10 @@ def test_stop_between_response_and_stream_still_cuts_the_watch(api, tmp_path, mo
             t = threading.Thread(target=w.stop, kwargs={"timeout_s": DEADLINE}, daemon=True)
             t.start()
             stopper.append(t)  # published only once started: the test thread joins it as soon as it sees it
-            assert w._stop.wait(DEADLINE)  # stop() has begun; the library has not seen resp yet
+            assert w._stop.wait(DEADLINE)  # stop() has begun; the watcher has not published resp yet
         return resp
 
-    monkeypatch.setattr(client.CoreV1Api, "list_pod_for_all_namespaces", list_then_stop)
+    monkeypatch.setattr(CoreV1, "list_pod_for_all_namespaces", list_then_stop)
     w.start()
     try:
         assert wait(lambda: stopper)
