@@ -11,8 +11,8 @@ pods on other nodes, so bookmarks carry versions no pod event had.
 
 Test hooks: add/modify/delete pods, unrelated writes, bookmarks, compaction,
 drop every watch, hang (stop answering), inject garbage lines or raw events,
-go down and come back on the same port. ``requests`` logs what every client
-asked for. ``write_kubeconfig`` points the client library at it.
+go down and come back on the same port, demand a bearer token (``token``).
+``requests`` logs what every client asked for. ``write_kubeconfig`` points the client library at it.
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ class FakeKubeAPI:
         self.drop_gen = 0
         self.up_gen = 0
         self.requests: list[dict] = []
+        # When set, every request must carry "Authorization: Bearer <token>" or gets a 401 Status.
+        self.token: str | None = None
         # Other collections (ConfigMaps, CRDs such as Volcano's): path -> key -> object; an unregistered
         # path answers 404, like an API group that is not installed.
         self.objects: dict[str, dict[str, dict]] = {}
@@ -322,13 +324,17 @@ class _Handler(BaseHTTPRequestHandler):
         sel = q.get("fieldSelector", "")
         with fake._cond:
             fake.requests.append({"path": url.path, "query": q, "watch": watch,
-                                  "resourceVersion": q.get("resourceVersion"), "time": time.monotonic()})
+                                  "resourceVersion": q.get("resourceVersion"), "time": time.monotonic(),
+                                  "authorization": self.headers.get("Authorization")})
+            token = fake.token
             gen = fake.up_gen
             while fake.hanging and fake.running and fake.up_gen == gen:
                 fake._cond.wait(0.1)
             if not fake.running or fake.up_gen != gen:
                 self.close_connection = True
                 return
+        if token is not None and self.headers.get("Authorization") != f"Bearer {token}":
+            return self._json(401, {"kind": "Status", "code": 401, "reason": "Unauthorized", "message": "Unauthorized"})
         if url.path in fake.objects:
             return fake._serve_objects(self, url.path, q, watch)
         if url.path != "/api/v1/pods":

@@ -428,3 +428,48 @@ def test_stop_between_response_and_stream_still_cuts_the_watch(api, tmp_path, mo
         assert not stopper[0].is_alive() and not w._thread.is_alive()
     finally:
         w.stop()
+
+
+def test_a_rotated_token_file_is_used_on_the_next_connection_and_a_401_heals(api, tmp_path):
+    """The bound-token shape: the kubelet renames a new token over the old file. The next request
+    (here: the reconnect after the server drops the watch) carries it; a 401 (the server moved on
+    before the file did) is retried with backoff, not fatal, until the file catches up."""
+    import os
+
+    import yaml
+
+    token = tmp_path / "token"
+
+    def rotate(value: str) -> None:
+        (tmp_path / "token.new").write_text(value)
+        os.replace(tmp_path / "token.new", token)
+
+    rotate("t1")
+    api.token = "t1"
+    kc = write_kubeconfig(tmp_path / "kc", api.url)
+    doc = yaml.safe_load(kc.read_text())
+    doc["users"][0]["user"] = {"tokenFile": "token"}  # relative to the kubeconfig
+    kc.write_text(yaml.safe_dump(doc))
+    api.add_pod(make_pod("a", NODE))
+    w = PodWatcher(NODE, lambda: None, kubeconfig=str(kc), request_timeout_s=10, watch_timeout_s=30, backoff=FAST)
+    w.start()
+    try:
+        assert wait(lambda: w.synced and names(w) == {"a"})
+        rotate("t2")
+        api.token = "t2"
+        api.drop_watches()
+        b = api.add_pod(make_pod("b", NODE))
+        assert wait(lambda: at_least(w, rv(b)) and names(w) == {"a", "b"})
+        assert api.watch_requests()[-1]["authorization"] == "Bearer t2"
+
+        api.token = "t3"  # the server no longer takes t2; the file still has it
+        api.drop_watches()
+        assert wait(lambda: w.last_error is not None and "HTTP 401" in w.last_error)
+        assert not w.synced
+        rotate("t3")
+        c = api.add_pod(make_pod("c", NODE))
+        assert wait(lambda: w.synced and at_least(w, rv(c)))
+        assert names(w) == {"a", "b", "c"}
+        assert {r["authorization"] for r in api.requests} == {"Bearer t1", "Bearer t2", "Bearer t3"}
+    finally:
+        w.stop()
