@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from . import config_limits
 from .errors import ConfigError, ConfigProblem
 from .units import UnitError, format_rate, parse_rate
 
@@ -135,14 +136,21 @@ class Config:
 # ---------------------------------------------------------------- loading
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys instead of keeping the last one."""
+class _UniqueKeyLoader(config_limits.YamlNodeBudget, yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys instead of keeping the last one (and stops past the
+    node budget of config_limits)."""
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, Any] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:  # "? []": PyYAML would raise the TypeError from our `in` below
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark, "found an unhashable key", key_node.start_mark
+            ) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
@@ -155,6 +163,7 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def _yaml(text: str, source: str) -> Any:
+    config_limits.check_text_size(len(text), source)  # characters <= bytes: a cheap bound
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
@@ -168,7 +177,7 @@ def load_file(path: str | Path) -> Config:
     """Read and validate a tenants file (or a ConfigMap manifest holding one)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = config_limits.read_capped(p).decode("utf-8")
     except OSError as e:
         raise ConfigError(str(p), [ConfigProblem("", f"cannot read file: {e.strerror or e}")]) from e
     except UnicodeDecodeError as e:
@@ -275,6 +284,8 @@ class _Validator:
         tenants: list[tuple[int, Tenant]] = []  # (index in the file, tenant) for field paths
         if not isinstance(raw, list) or not raw:
             self.bad("tenants", "required; expected a non-empty list of tenants")
+            raw = []
+        if not config_limits.check_tenant_count(raw, self.bad):
             raw = []
         seen: dict[str, int] = {}
         for i, t in enumerate(raw):
