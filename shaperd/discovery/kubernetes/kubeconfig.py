@@ -30,7 +30,7 @@ import binascii
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -55,7 +55,6 @@ class ClientConfig:
     tls_server_name: str | None = None
     auth: Any = None  # StaticToken | TokenFile | ExecPlugin | None (anonymous)
     source: str = ""  # "kubeconfig /path (context x)", "in-cluster service account": for messages
-    extra: dict = field(default_factory=dict)
 
 
 def _err(source: str, where: str, cause: str) -> KubernetesConfigError:
