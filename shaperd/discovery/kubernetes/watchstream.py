@@ -39,12 +39,13 @@ def lines(resp) -> Iterator[bytes]:
     """Complete lines of ``resp``'s body, without the newline, as soon as each is complete."""
     buf = b""
     for chunk in _chunks(resp):
+        searched = len(buf)  # a long object arrives in many chunks: look for the newline in the new bytes only
         buf += chunk
         while True:
-            i = buf.find(b"\n")
+            i = buf.find(b"\n", searched)
             if i < 0:
                 break
-            line, buf = buf[:i], buf[i + 1:]
+            line, buf, searched = buf[:i], buf[i + 1:], 0
             yield line
         if len(buf) > MAX_LINE_BYTES:
             raise WatchStreamCorrupt("decode", "watch event", f"a line longer than {MAX_LINE_BYTES} bytes")
