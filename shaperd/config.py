@@ -119,6 +119,12 @@ class Node:
     # the low 7 bits, avoids the bits kube-proxy (0xc000), Calico (0xffff0000),
     # Cilium (0x0f00 and the upper half) and the AWS VPC CNI (0x80) use.
     mark_mask: int = 0x7F
+    # Which data plane enforces the uplinks: "htb", "edt" (mq + sch_fq + the
+    # EDT stamper, shaperd/backends/edt/) or "auto" (shaperd/backends/edt/select.py).
+    dataplane: str = "htb"
+
+
+DATAPLANES = ("htb", "edt", "auto")
 
 
 @dataclass(frozen=True)
@@ -217,7 +223,7 @@ def from_dict(doc: Any, source: str = "<memory>", prefix: str = "") -> Config:
 # ---------------------------------------------------------------- validation
 
 _TOP_KEYS = {"tenants", "node"}
-_NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver", "markMask"}
+_NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver", "markMask", "dataplane"}
 _TENANT_KEYS = {"name", "bandwidthGuarantee", "bandwidthLimit", "priority", "match", "rdma", "destinations",
                 "priorityFrom"}
 PRIORITY_FROM = ("volcanoQueue",)
@@ -317,8 +323,13 @@ class _Validator:
         if isinstance(mask, bool) or not isinstance(mask, int) or not 0 < mask <= 0xFFFFFFFF or not _contiguous(mask):
             self.bad("node.markMask", f"expected a contiguous non-zero 32-bit mask such as 0x7f, got {mask!r}")
             mask = 0x7F
+        dataplane = m.get("dataplane", "htb")
+        if dataplane not in DATAPLANES:
+            self.bad("node.dataplane", f"expected one of {', '.join(DATAPLANES)}, got {dataplane!r}")
+            dataplane = "htb"
         return Node(
             mark_mask=mask,
+            dataplane=dataplane,
             interfaces=tuple(ifaces),
             capacity_bps=self.rate(m.get("capacity"), "node.capacity", required=False),
             reserve_bps=self.rate(m.get("reserve"), "node.reserve", required=False),

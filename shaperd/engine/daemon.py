@@ -80,6 +80,7 @@ class Daemon:
         self.sampler = None
         self.rdma_sampler = None  # report.rdma_sampler.RdmaSampler when serving metrics
         self.sm_checker = None  # report.rdma_smcheck.SmChecker when serving metrics
+        self.edt_loop = None  # engine.edt_loop.EdtLoop, started once an uplink is on the edt data plane
         self.sm_check_settings = sm_check_settings  # report.rdma_smcheck.SmCheckSettings; None: defaults
         # Drift: a reconcile that changed the kernel although the config it
         # enforces was already applied successfully once.
@@ -233,6 +234,8 @@ class Daemon:
                 self.rdma_sampler.stop()
             if self.sm_checker is not None:
                 self.sm_checker.stop()
+            if self.edt_loop is not None:
+                self.edt_loop.stop()
             signal.set_wakeup_fd(-1)
             self.events.close()
             os.close(rpipe)
@@ -344,6 +347,7 @@ class Daemon:
         self.log.info("reconciled", changes=rep.changes, devices=len(rep.planned_devices),
                       duration_ms=round(rep.duration_s * 1000, 1), ok=rep.ok, drift_repair=drift)
         self._observe(rep, ok=not failed, drift=drift)
+        self._edt_rates(rep)
         if failed:
             self.failures += 1
             if not _worth_retrying(rep):  # EPERM, EINVAL: asking again soon changes nothing; the resync will
@@ -353,6 +357,19 @@ class Daemon:
         self.failures = 0
         self.applied_gen = gen
         return None
+
+    def _edt_rates(self, rep) -> None:
+        """Hand the edt plan to the rate controller loop (engine/edt_loop.py), starting it on first use."""
+        plan = getattr(rep, "plan", None)
+        edt = getattr(plan, "desired", {}).get("edt")
+        devices = getattr(edt, "devices", ())
+        if self.edt_loop is None and devices:
+            from .edt_loop import EdtLoop
+
+            self.edt_loop = EdtLoop(_edt_maps_opener(self.netns))
+            self.edt_loop.start()
+        if self.edt_loop is not None:
+            self.edt_loop.set_targets(devices)
 
     # -- observability -------------------------------------------------
     def _start_observability(self, rec):
@@ -387,6 +404,10 @@ class Daemon:
         from ..report import classifier_metrics
 
         classifier_metrics.install(self.metrics, rec.backends)
+
+        from ..report import edt_metrics
+
+        edt_metrics.install(self.metrics, lambda: self.edt_loop)
         try:
             server = MetricsServer(self.metrics_address, self.metrics, self.web_config_file)
         except (OSError, ValueError) as e:
@@ -454,6 +475,18 @@ def _rdma_reader(roots):
     from ..discovery.rdma_counters import read_ports
 
     return lambda ports: read_ports(roots, ports)
+
+
+def _edt_maps_opener(netns: str | None):
+    """open_maps for the edt loop: the stamper's maps found from its filter, read on a socket of the loop's own."""
+    from ..kernel import edt_prog
+    from ..kernel.rtnl import RtnlReader
+
+    def open_maps(dp):
+        with RtnlReader(netns) as reader:
+            return edt_prog.open_for_device(reader, dp.ifindex, dp.device, dp.stamper.name)
+
+    return open_maps
 
 
 def _stats_reader(netns: str | None):

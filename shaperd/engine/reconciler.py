@@ -271,13 +271,16 @@ class Reconciler:
 def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, netns: str | None = None) -> list[Backend]:
     """The enforcement paths shaperd runs today, in the order they are reconciled."""
     from ..backends.dcb.backend import DcbBackend
+    from ..backends.edt.backend import EdtBackend
     from ..backends.htb.backend import HtbBackend
     from ..backends.marks.backend import MarksBackend
     from ..backends.devlink.backend import DevlinkBackend
     from ..backends.rdma.backend import RdmaBackend
     from ..backends.vfrate.backend import VfRateBackend
 
-    return [HtbBackend(writer, take_over=take_over), MarksBackend(writer), DevlinkBackend(),
+    # edt after htb: a device moving between the two is released by one before the other takes it.
+    return [HtbBackend(writer, take_over=take_over), EdtBackend(writer, take_over=take_over), MarksBackend(writer),
+            DevlinkBackend(),
             DcbBackend(netns, str(roots.run)), RdmaBackend(roots),
             VfRateBackend(writer, state_file=roots.run / "shaperd" / "vfrate-owned.json")]
 

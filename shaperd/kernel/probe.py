@@ -118,6 +118,11 @@ def _probe() -> Capabilities:
                 leaf.add(kind)
         u32 = _try(lambda: ipr.tc("add-filter", "u32", idx, parent=0x10000, prio=1, protocol=0x0800,
                                   target=0x10002, keys=["0xc6120000/0xffff0000+12"]))
+        edt_fq, edt_mq = _edt_qdiscs(ipr)
+        idx_off = ipr.link_lookup(ifname="q1")[0]
+        _off_ok, off_why = htb_offload(ipr, idx_off, "veth")
+        if not _off_ok:
+            notes.append(f"{off_why} (probe): HTB offload is decided per device (backends/htb/offload.py)")
         from . import bpf, bpf_classify
 
         bpf_ok, why = bpf.bpf_supported()
@@ -127,8 +132,12 @@ def _probe() -> Capabilities:
     maps_ok = _classifier_note(maps_ok, maps_why, notes)
     if "fq_codel" not in leaf:
         notes.append("fq_codel missing: leaf queues are bfifo sized in time at the class ceiling")
+    if not edt_fq:
+        notes.append("edt unavailable: sch_fq missing (node.dataplane edt/auto fall back to htb)")
+    elif not edt_mq:
+        notes.append("edt unavailable: mq missing (node.dataplane edt/auto fall back to htb)")
     return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, leaf_kinds=frozenset(leaf),
-                        notes=tuple(notes))
+                        notes=tuple(notes), fq=edt_fq, mq=edt_mq)
 
 
 def sweep_stale(netns_dir: Path) -> list[str]:
@@ -160,6 +169,33 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def htb_offload(ipr: IPRoute, ifindex: int, device: str) -> tuple[bool, str]:
+    """Try ``htb offload`` as the root of ``device`` (a probe veth: never a node's device). (ok, why not)."""
+    from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
+
+    msg = _tc._msg(RTM_NEWQDISC, _tc._F_PUT, ifindex, 0x10000, TC_H_ROOT, kind="htb",
+                   options={"attrs": [*_tc._htb_init(2)["attrs"], ["TCA_HTB_OFFLOAD", ""]]})
+    try:
+        ipr.nlm_request_batch([msg])
+    except NetlinkError as e:
+        return False, f"htb offload on {device}: {os.strerror(e.code)}"
+    ipr.tc("del", index=ifindex, handle=0x10000, parent=0xFFFFFFFF)
+    return True, ""
+
+
+def _edt_qdiscs(ipr: IPRoute) -> tuple[bool, bool]:
+    """(sch_fq, mq) on a veth with 4 TX queues in the probe namespace: what the edt data plane needs."""
+    ipr.link("add", ifname="q0", kind="veth", peer={"ifname": "q1", "num_tx_queues": 4}, num_tx_queues=4)
+    idx = ipr.link_lookup(ifname="q0")[0]
+    mq = _try(lambda: ipr.tc("replace", "mq", idx, 0x73650000))
+    fq = False
+    if mq:
+        fq = _try(lambda: ipr.tc("replace", "fq", idx, 0x80010000, parent=0x73650001))
+    else:
+        fq = _try(lambda: ipr.tc("replace", "fq", idx, 0x73650000))
+    return fq, mq
 
 
 def _try(fn) -> bool:

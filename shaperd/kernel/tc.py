@@ -17,6 +17,7 @@ import socket
 import time
 
 from pyroute2 import IPRoute
+from pyroute2.netlink import nla
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import (
@@ -32,19 +33,39 @@ from pyroute2.netlink.rtnl import tcmsg as tcmsg_mod
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo, tcmsg
 
 from ..backends.base import ApplyResult, Operation
+from ..backends.edt import ops as edt
+from ..backends.edt.objects import PRIO_STAMPER, STAMPER_HANDLE
 from ..backends.htb import ops as htb
 from ..backends.htb.objects import ETH_P_ALL, ROOT_HANDLE, HtbClass, LeafQdisc, U32Filter
 from ..backends.marks import ops as marks
 from ..backends.marks.objects import CLSACT_HANDLE, PRIO_MARK_INGRESS, TC_H_CLSACT, TC_H_INGRESS_PARENT
 from ..errors import TRANSIENT_ERRNOS, KernelError
 from ..units import bps_to_Bps, xmit_ticks
-from . import bpf
+from . import bpf, edt_prog
 from . import netns as netns_mod
 from . import nlwriter
 
 # bfifo shares pfifo's option struct (struct tc_fifo_qopt { u32 limit; });
 # pyroute2 0.9 only registers the pfifo name.
 tcmsg_mod.plugins.setdefault("bfifo", sched_pfifo)
+
+
+class _SchedFq:
+    """pyroute2 has no sch_fq codec: its TCA_FQ_* options (uapi pkt_sched.h), as far as edt writes them."""
+
+    class options(nla):
+        nla_map = (
+            ("TCA_FQ_UNSPEC", "none"), ("TCA_FQ_PLIMIT", "uint32"), ("TCA_FQ_FLOW_PLIMIT", "uint32"),
+            ("TCA_FQ_QUANTUM", "uint32"), ("TCA_FQ_INITIAL_QUANTUM", "uint32"), ("TCA_FQ_RATE_ENABLE", "uint32"),
+            ("TCA_FQ_FLOW_DEFAULT_RATE", "uint32"), ("TCA_FQ_FLOW_MAX_RATE", "uint32"),
+            ("TCA_FQ_BUCKETS_LOG", "uint32"), ("TCA_FQ_FLOW_REFILL_DELAY", "uint32"),
+            ("TCA_FQ_ORPHAN_MASK", "uint32"), ("TCA_FQ_LOW_RATE_THRESHOLD", "uint32"),
+            ("TCA_FQ_CE_THRESHOLD", "uint32"), ("TCA_FQ_TIMER_SLACK", "uint32"), ("TCA_FQ_HORIZON", "uint32"),
+            ("TCA_FQ_HORIZON_DROP", "uint8"),
+        )
+
+
+tcmsg_mod.plugins.setdefault("fq", _SchedFq)
 
 TC_U32_TERMINAL = 1
 TC_LINKLAYER_ETHERNET = 1
@@ -204,6 +225,25 @@ def _set_mark(op: marks.SetMark, fd: int | None):
                 "bpf", opts)
 
 
+def _fq_options(fq) -> dict:
+    return {"attrs": [["TCA_FQ_PLIMIT", fq.limit_packets], ["TCA_FQ_FLOW_PLIMIT", fq.flow_limit_packets],
+                      ["TCA_FQ_HORIZON", fq.horizon_us], ["TCA_FQ_HORIZON_DROP", int(fq.horizon_drop)]]}
+
+
+def _edt_root(op: edt.SetRoot, fd: int | None):
+    options = _fq_options(op.fq) if op.kind == "fq" and op.fq is not None else None
+    return _msg(RTM_NEWQDISC, _F_PUT, op.ifindex, op.handle, TC_H_ROOT, kind=op.kind, options=options)
+
+
+_TC_H_EGRESS_PARENT = 0xFFFFFFF3  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_EGRESS)
+
+
+def _edt_stamper(op: edt.SetStamper, fd: int | None):
+    opts = {"attrs": [["TCA_BPF_FD", fd], ["TCA_BPF_NAME", op.stamper.name], ["TCA_BPF_FLAGS", 1]]}  # direct action
+    return _msg(RTM_NEWTFILTER, _F_PUT, op.ifindex, STAMPER_HANDLE, _TC_H_EGRESS_PARENT,
+                _info(op.stamper.prio, ETH_P_ALL), "bpf", opts)
+
+
 # One encoder per operation class: (operation, fd of its loaded BPF program or None) -> netlink request.
 ENCODERS = {
     htb.CreateRoot: lambda op, _fd: _msg(RTM_NEWQDISC, _F_PUT, op.ifindex, op.root.handle, TC_H_ROOT, kind="htb",
@@ -228,6 +268,19 @@ ENCODERS = {
     marks.SetMark: _set_mark,
     marks.DeleteMark: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, 1, TC_H_INGRESS_PARENT,
                                            _info(PRIO_MARK_INGRESS, ETH_P_ALL), "bpf"),
+    # edt: mq or sch_fq at the root, sch_fq per TX queue, the stamper on clsact egress.
+    edt.SetRoot: _edt_root,
+    edt.SetFq: lambda op, _fd: _msg(RTM_NEWQDISC, _F_PUT, op.ifindex, op.fq.handle, op.fq.parent, kind="fq",
+                                    options=_fq_options(op.fq)),
+    edt.DeleteRoot: lambda op, _fd: _msg(RTM_DELQDISC, _F_DEL, op.ifindex, op.handle, TC_H_ROOT),
+    edt.SetStamper: _edt_stamper,
+    edt.DeleteStamper: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, STAMPER_HANDLE, _TC_H_EGRESS_PARENT,
+                                            _info(op.prio, ETH_P_ALL), "bpf"),
+}
+
+# Operations whose program needs maps made and filled first: op -> its program fd (kernel/edt_prog.py).
+LOADERS = {
+    edt.SetStamper: lambda op: edt_prog.load_fresh(op.stamper.horizon_ns, dict(op.initial_q16)),
 }
 
 # Operations that attach a generated program: how to build its bytecode, and its name.
@@ -348,6 +401,14 @@ def _cause(code: int, text: str) -> str:
 
 def _bpf_fd(op: Operation, fds: list[int]) -> int | None:
     """Load the program an operation attaches; the fd is closed after the request."""
+    loader = LOADERS.get(type(op))
+    if loader is not None:
+        try:
+            fd = loader(op)
+        except (bpf.BpfError, OSError, ValueError) as e:
+            raise KernelError("load", op.what(), op.device, str(e)) from e
+        fds.append(fd)
+        return fd
     program = PROGRAMS.get(type(op))
     if program is None:
         return None

@@ -156,10 +156,6 @@ def test_enforcement_holds_through_api_faults_and_recovers(bed, tmp_path, api):
     print(f"\nAPI faults: RSS at start {rss0 / 2**20:.1f} MiB; {json.dumps(figures)}")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known data-path bug (issue 14's netlink part, wt-nl): the reconcile after the 5,005-pod list sends "
-    "~4,200 u32 writes in one pyroute2 nlm_request_batch, which has no deadline and waits in epoll_wait "
-    "forever (measured: 796 writes in one batch went through, the next batch never returned)"))
 def test_a_list_of_5000_pods_is_taken_and_given_back(bed, tmp_path, api):
     _skip_without_bpf()
     daemon, log, steady, _ = start(bed, tmp_path, api)
@@ -173,7 +169,8 @@ def test_a_list_of_5000_pods_is_taken_and_given_back(bed, tmp_path, api):
         api.drop_watches()  # the watch resumes at an old version: 410, then one 5,005-pod list
         assert wait_for(lambda: any(r.get("pods", 0) >= 5005 for r in log.events("k8s_pods_listed")), 60), log.tail()
         listed = len(log.events("reconciled"))
-        # The daemon finishes a reconcile with all 5,005 pods (it hangs here today: see the xfail reason).
+        # The daemon finishes a reconcile with all 5,005 pods (it hung in pyroute2's unbounded batch before
+        # kernel/nlwriter.py; on the eBPF path the pods' addresses are map entries).
         assert wait_for(lambda: len(log.events("reconciled")) >= listed + 2, 60), "no reconcile after the big list"
         assert all(enforced(k, p) for p in steady if p.tenant)
         for p in big:
