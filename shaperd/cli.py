@@ -116,7 +116,8 @@ def _max_vls_arg(text: str):
 def _roots(args):
     from .roots import Roots
 
-    return Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
+    return Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root,
+                    bpffs=getattr(args, "bpffs_root", "") or "/sys/fs/bpf")
 
 
 def _reconciler(args, probe: bool = True, pods_source=None, pod_resources=None):
@@ -125,7 +126,7 @@ def _reconciler(args, probe: bool = True, pods_source=None, pod_resources=None):
     from .kernel.probe import probe_capabilities
 
     if probe and os.geteuid() == 0:
-        caps = probe_capabilities()
+        caps = probe_capabilities(bpffs_root=str(_roots(args).bpffs) if getattr(args, "bpffs_root", "") else None)
     else:
         # Without root nothing can be probed: plan for the common kernel set.
         caps = Capabilities(bpf=True, leaf_kinds=frozenset({"bfifo"}),
@@ -344,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--run-root", default="/run", help="the runtime directory holding netns/ (default /run)")
         p.add_argument("--kubelet-root", default="/var/lib/kubelet",
                        help="the kubelet's directory (default /var/lib/kubelet)")
+        p.add_argument("--bpffs-root", default=os.environ.get("SHAPERD_BPFFS_ROOT", "/sys/fs/bpf"),
+                       help="bpffs where the eBPF classifier is pinned, under shaperd/ (default $SHAPERD_BPFFS_ROOT "
+                            "or /sys/fs/bpf; '' for none: adoption by id, which needs CAP_SYS_ADMIN)")
 
     p = sub.add_parser("check-config", help="validate a tenants file and print the normalised tenants table")
     p.add_argument("file")

@@ -268,7 +268,8 @@ class Reconciler:
             self.log.error("kernel write failed", backend=b.name, device=op.device, tenant=op.tenant, error=str(err))
 
 
-def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, netns: str | None = None) -> list[Backend]:
+def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, netns: str | None = None,
+                     pins=None) -> list[Backend]:
     """The enforcement paths shaperd runs today, in the order they are reconciled."""
     from ..backends.dcb.backend import DcbBackend
     from ..backends.htb.backend import HtbBackend
@@ -277,7 +278,7 @@ def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, ne
     from ..backends.rdma.backend import RdmaBackend
     from ..backends.vfrate.backend import VfRateBackend
 
-    return [HtbBackend(writer, take_over=take_over), MarksBackend(writer), DevlinkBackend(),
+    return [HtbBackend(writer, take_over=take_over, pins=pins), MarksBackend(writer), DevlinkBackend(),
             DcbBackend(netns, str(roots.run)), RdmaBackend(roots),
             VfRateBackend(writer, state_file=roots.run / "shaperd" / "vfrate-owned.json")]
 
@@ -288,7 +289,11 @@ def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DE
     from ..kernel import tc
     from ..kernel.rtnl import RtnlReader
 
+    from ..kernel import bpf_pins
+
     reader = RtnlReader(netns, run_root=str(roots.run))
     writer = tc.open_writer(netns, str(roots.run))
-    return Reconciler(reader, default_backends(writer, take_over, roots, netns), caps, roots=roots, pods_source=pods_source,
+    # The map classifier's maps come back through bpffs pins where the probe found them usable.
+    pins = bpf_pins.PinStore(caps.bpf_pin_root, bpf_pins.scope_for(netns)) if caps.bpf_adopt == "pins" else None
+    return Reconciler(reader, default_backends(writer, take_over, roots, netns, pins), caps, roots=roots, pods_source=pods_source,
                       pod_resources=pod_resources)

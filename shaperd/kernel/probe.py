@@ -27,7 +27,21 @@ def default_qdisc(procfs_root: str = "/proc") -> str | None:
         return None
 
 
-def probe_capabilities(procfs_root: str = "/proc") -> Capabilities:
+def _classifier_notes(how: str, why: str, notes: list[str]) -> tuple[bool, str]:
+    """(bpf_maps, bpf_adopt) from probe_load's answer, honouring SHAPERD_CLASSIFIER=u32; notes say why."""
+    if os.environ.get("SHAPERD_CLASSIFIER", "") == "u32" and how:
+        notes.append("classifier: u32 path (SHAPERD_CLASSIFIER=u32)")
+        return False, ""
+    if not how:
+        notes.append(f"eBPF map classifier unavailable ({why}): classifying with u32 filters")
+        return False, ""
+    notes.append(f"eBPF map classifier adopted after a restart {'through ' if how == 'pins' else ''}{why}")
+    return True, how
+
+
+def probe_capabilities(procfs_root: str = "/proc", bpffs_root: str | None = None) -> Capabilities:
+    """``bpffs_root``: where the map classifier's pins go (None: by-id adoption only; the CLI passes
+    --bpffs-root, default /sys/fs/bpf)."""
     name = f"shaperd-probe-{os.getpid()}"
     notes: list[str] = []
     try:
@@ -39,19 +53,16 @@ def probe_capabilities(procfs_root: str = "/proc") -> Capabilities:
         from . import bpf, bpf_classify
 
         bpf_ok, why = bpf.bpf_supported()
-        # The map classifier: its maps made and its program loaded, not attached (no probe device).
-        maps_ok, maps_why = bpf_classify.probe_load() if bpf_ok else (False, "cls_bpf unavailable")
+        # The map classifier: its maps made, its program loaded and got back, not attached (no probe device).
+        how, maps_why = bpf_classify.probe_load(bpffs_root) if bpf_ok else ("", "cls_bpf unavailable")
         # fq_codel leaves when the node's default qdisc is fq_codel (systemd's default): it exists there.
         leaf = {"bfifo"} | ({"fq_codel"} if default_qdisc(procfs_root) == "fq_codel" else set())
         notes = [f"capability probe skipped ({e.strerror or e}); assuming htb, u32, {', '.join(sorted(leaf))}"]
         if not bpf_ok:
             notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
-        if os.environ.get("SHAPERD_CLASSIFIER", "") == "u32" and maps_ok:
-            maps_ok = False
-            notes.append("classifier: u32 path (SHAPERD_CLASSIFIER=u32)")
-        elif not maps_ok:
-            notes.append(f"eBPF map classifier unavailable ({maps_why}): classifying with u32 filters")
-        return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, leaf_kinds=frozenset(leaf),
+        maps_ok, adopt = _classifier_notes(how, maps_why, notes)
+        return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
+                            bpf_pin_root=bpffs_root if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
                             notes=tuple(notes))
     try:
         with netns_mod.entered(name):
@@ -74,18 +85,16 @@ def probe_capabilities(procfs_root: str = "/proc") -> Capabilities:
             from . import bpf, bpf_classify
 
             bpf_ok, why = bpf.bpf_supported()
-            maps_ok, maps_why = bpf_classify.probe(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
+            attach_ok, maps_why = bpf_classify.probe(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
+        # Attaching works: now how a restarted agent gets the maps back (pins first, else by id).
+        how, adopt_why = bpf_classify.probe_load(bpffs_root) if attach_ok else ("", maps_why)
         if not bpf_ok:
             notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
-        forced = os.environ.get("SHAPERD_CLASSIFIER", "")
-        if forced == "u32" and maps_ok:
-            maps_ok = False
-            notes.append("classifier: u32 path (SHAPERD_CLASSIFIER=u32)")
-        elif not maps_ok:
-            notes.append(f"eBPF map classifier unavailable ({maps_why}): classifying with u32 filters")
+        maps_ok, adopt = _classifier_notes(how, adopt_why, notes)
         if "fq_codel" not in leaf:
             notes.append("fq_codel missing: leaf queues are bfifo sized in time at the class ceiling")
-        return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, leaf_kinds=frozenset(leaf),
+        return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
+                            bpf_pin_root=bpffs_root if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
                             notes=tuple(notes))
     finally:
         try:
