@@ -31,7 +31,8 @@ import errno as errno_mod
 import os
 from pathlib import Path
 
-from .bpf_maps import BpfMapError, _bpf
+from . import bpf_maps
+from .bpf_maps import BpfMapError
 
 _OBJ_PIN, _OBJ_GET = 6, 7  # enum bpf_cmd
 _TMP = "pinning:"
@@ -58,7 +59,7 @@ def _hint(err: int) -> str:
 def obj_pin(fd: int, path: Path) -> None:
     """BPF_OBJ_PIN: a bpffs file at ``path`` that keeps the object ``fd`` refers to alive."""
     raw = ctypes.create_string_buffer(os.fsencode(str(path)))
-    r, err = _bpf(_OBJ_PIN, _ObjAttr(pathname=ctypes.addressof(raw), bpf_fd=fd))
+    r, err = bpf_maps._bpf(_OBJ_PIN, _ObjAttr(pathname=ctypes.addressof(raw), bpf_fd=fd))
     if r < 0:
         raise PinError(f"pin bpf fd {fd} at {path}: {os.strerror(err)}{_hint(err)}", err)
 
@@ -66,7 +67,7 @@ def obj_pin(fd: int, path: Path) -> None:
 def obj_get(path: Path) -> int:
     """BPF_OBJ_GET: a new read-write fd for the object pinned at ``path`` (the caller closes it)."""
     raw = ctypes.create_string_buffer(os.fsencode(str(path)))
-    r, err = _bpf(_OBJ_GET, _ObjAttr(pathname=ctypes.addressof(raw)))
+    r, err = bpf_maps._bpf(_OBJ_GET, _ObjAttr(pathname=ctypes.addressof(raw)))
     if r < 0:
         raise PinError(f"open bpf pin {path}: {os.strerror(err)}{_hint(err)}", err)
     return r
