@@ -120,7 +120,7 @@ def _roots(args):
                     bpffs=getattr(args, "bpffs_root", "") or "/sys/fs/bpf")
 
 
-def _reconciler(args, probe: bool = True, pods_source=None, pod_resources=None):
+def _reconciler(args, probe: bool = True, pods_source=None, pod_resources=None, teardown: bool = False):
     from .engine.reconciler import open_node
     from .inventory import Capabilities
     from .kernel.probe import probe_capabilities
@@ -131,6 +131,11 @@ def _reconciler(args, probe: bool = True, pods_source=None, pod_resources=None):
         # Without root nothing can be probed: plan for the common kernel set.
         caps = Capabilities(bpf=True, leaf_kinds=frozenset({"bfifo"}),
                             notes=("not root: capabilities assumed (htb, u32, cls_bpf, bfifo leaves)",))
+    if teardown and getattr(args, "bpffs_root", ""):
+        import dataclasses
+
+        # Unprobed, but its bpffs pins are shaperd's to remove like the rest.
+        caps = dataclasses.replace(caps, bpf_adopt="pins", bpf_pin_root=str(_roots(args).bpffs))
     return open_node(caps, netns=getattr(args, "netns", None), roots=_roots(args),
                      take_over=getattr(args, "take_over", False), pods_source=pods_source,
                      pod_resources=pod_resources)
@@ -241,7 +246,7 @@ def _print_outcomes(rep, planned: bool) -> None:
 
 def cmd_teardown(args) -> int:
     """Remove what shaperd owns; ``--dry-run``: the same removals, printed as "would ...", none sent."""
-    rec = _reconciler(args, probe=False)
+    rec = _reconciler(args, probe=False, teardown=True)
     rep = rec.teardown(dry_run=args.dry_run)
     if output.machine(args):
         output.emit({"dry_run": args.dry_run, **outcomes_result(rep, planned=args.dry_run)}, args)

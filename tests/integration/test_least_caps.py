@@ -179,3 +179,7 @@ def test_run_with_net_admin_and_bpf_only_uses_the_map_classifier_and_a_restart_a
 
     st = bed.exec(*LEAST, PY, "-m", "shaperd", "status", "--config", str(cfg), "--json", "--interval", "0.05")
     assert json.loads(st.stdout.splitlines()[-1])["classifier"]["up0"]["path"] == "ebpf"
+
+    td = bed.exec(*LEAST, PY, "-m", "shaperd", "teardown", "--bpffs-root", str(pinfs), check=False)
+    assert td.returncode == 0, td.stderr
+    assert not pins.exists() and list(pins.parent.iterdir()) == []  # its pins went with the rest
