@@ -300,7 +300,8 @@ def cmd_run(args) -> int:
                resync_interval_s=args.resync_interval, metrics_address=args.metrics_address,
                netns=getattr(args, "netns", None), pod_watcher_factory=factory, pod_resources=pod_resources,
                sm_check_settings=SmCheckSettings(interval_s=args.sm_check_interval, max_vls=dict(args.max_vls)),
-               config_source=config_source, volcano_factory=volcano_factory, cilium_factory=cilium_factory)
+               config_source=config_source, volcano_factory=volcano_factory, cilium_factory=cilium_factory,
+               web_config_file=args.web_config_file)
     return d.run()
 
 
@@ -384,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-address", default=DEFAULT_METRICS_ADDRESS, metavar="HOST:PORT",
                    help=f"serve /metrics, /healthz, /readyz here (default {DEFAULT_METRICS_ADDRESS}, "
                         "all interfaces; empty to disable)")
+    p.add_argument("--web.config.file", dest="web_config_file", default=None, metavar="FILE",
+                   help="TLS and basic auth for the metrics endpoint, in Prometheus exporter-toolkit's "
+                        "web-config.yml format (default: plain HTTP, no auth)")
     p.add_argument("--node-name", default=None,
                    help="watch this node's pods through the Kubernetes API (default: $NODE_NAME; unset: no Kubernetes)")
     p.add_argument("--kubeconfig", default=None,

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from . import config_limits
 from .errors import ConfigError, ConfigProblem
 from .units import UnitError, format_rate, parse_rate
 
@@ -118,6 +119,12 @@ class Node:
     # the low 7 bits, avoids the bits kube-proxy (0xc000), Calico (0xffff0000),
     # Cilium (0x0f00 and the upper half) and the AWS VPC CNI (0x80) use.
     mark_mask: int = 0x7F
+    # Which data plane enforces the uplinks: "htb", "edt" (mq + sch_fq + the
+    # EDT stamper, shaperd/backends/edt/) or "auto" (shaperd/backends/edt/select.py).
+    dataplane: str = "htb"
+
+
+DATAPLANES = ("htb", "edt", "auto")
 
 
 @dataclass(frozen=True)
@@ -135,14 +142,21 @@ class Config:
 # ---------------------------------------------------------------- loading
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys instead of keeping the last one."""
+class _UniqueKeyLoader(config_limits.YamlNodeBudget, yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys instead of keeping the last one (and stops past the
+    node budget of config_limits)."""
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, Any] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:  # "? []": PyYAML would raise the TypeError from our `in` below
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark, "found an unhashable key", key_node.start_mark
+            ) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
@@ -155,6 +169,7 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def _yaml(text: str, source: str) -> Any:
+    config_limits.check_text_size(len(text), source)  # characters <= bytes: a cheap bound
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
@@ -168,7 +183,7 @@ def load_file(path: str | Path) -> Config:
     """Read and validate a tenants file (or a ConfigMap manifest holding one)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = config_limits.read_capped(p).decode("utf-8")
     except OSError as e:
         raise ConfigError(str(p), [ConfigProblem("", f"cannot read file: {e.strerror or e}")]) from e
     except UnicodeDecodeError as e:
@@ -208,7 +223,7 @@ def from_dict(doc: Any, source: str = "<memory>", prefix: str = "") -> Config:
 # ---------------------------------------------------------------- validation
 
 _TOP_KEYS = {"tenants", "node"}
-_NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver", "markMask"}
+_NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver", "markMask", "dataplane"}
 _TENANT_KEYS = {"name", "bandwidthGuarantee", "bandwidthLimit", "priority", "match", "rdma", "destinations",
                 "priorityFrom"}
 PRIORITY_FROM = ("volcanoQueue",)
@@ -276,6 +291,8 @@ class _Validator:
         if not isinstance(raw, list) or not raw:
             self.bad("tenants", "required; expected a non-empty list of tenants")
             raw = []
+        if not config_limits.check_tenant_count(raw, self.bad):
+            raw = []
         seen: dict[str, int] = {}
         for i, t in enumerate(raw):
             tenant = self.tenant(t, f"tenants[{i}]")
@@ -306,8 +323,13 @@ class _Validator:
         if isinstance(mask, bool) or not isinstance(mask, int) or not 0 < mask <= 0xFFFFFFFF or not _contiguous(mask):
             self.bad("node.markMask", f"expected a contiguous non-zero 32-bit mask such as 0x7f, got {mask!r}")
             mask = 0x7F
+        dataplane = m.get("dataplane", "htb")
+        if dataplane not in DATAPLANES:
+            self.bad("node.dataplane", f"expected one of {', '.join(DATAPLANES)}, got {dataplane!r}")
+            dataplane = "htb"
         return Node(
             mark_mask=mask,
+            dataplane=dataplane,
             interfaces=tuple(ifaces),
             capacity_bps=self.rate(m.get("capacity"), "node.capacity", required=False),
             reserve_bps=self.rate(m.get("reserve"), "node.reserve", required=False),

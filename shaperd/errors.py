@@ -9,7 +9,13 @@ cause" or "field.path: what was expected".
 
 from __future__ import annotations
 
+import errno as _errno
 from dataclasses import dataclass
+
+# Kernel answers that say "not now", not "no": worth asking again after a pause. A timeout is one too
+# (the next reconcile re-reads first, so a write that landed without an answer is not repeated blindly).
+TRANSIENT_ERRNOS = frozenset({_errno.EBUSY, _errno.ENOBUFS, _errno.EAGAIN, _errno.EINTR, _errno.ENOMEM,
+                              _errno.ETIMEDOUT, _errno.EPIPE})
 
 
 class ShaperdError(Exception):
@@ -43,6 +49,11 @@ class KernelError(ShaperdError):
     def __init__(self, verb: str, obj: str, device: str, cause: str, errno: int | None = None):
         self.verb, self.obj, self.device, self.cause, self.errno = verb, obj, device, cause, errno
         super().__init__(f"{verb} {obj} on {device}: {cause}")
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying with backoff (EBUSY, ENOBUFS, a timeout ...); False for EPERM, EINVAL and the like."""
+        return self.errno in TRANSIENT_ERRNOS
 
 
 class DiscoveryError(ShaperdError):

@@ -17,6 +17,7 @@ class Link:
     speed_bps: int | None = None  # what the kernel reports; None where it reports none
     mtu: int = 1500
     up: bool = True
+    tx_queues: int = 1  # IFLA_NUM_TX_QUEUES (the edt backend puts one sch_fq under mq per queue)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class Capabilities:
     # Leaf qdisc kinds available, in order of preference among those we use.
     leaf_kinds: frozenset[str] = frozenset({"bfifo"})
     notes: tuple[str, ...] = ()
+    # The edt data plane's needs (kernel/probe.py): sch_fq and mq qdiscs.
+    fq: bool = False
+    mq: bool = False
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
+from .backends.edt.select import select as select_dataplanes
 from .backends.ids import assign_marks
 from .config import Config
 from .inventory import Inventory, Link, Pod
@@ -28,6 +29,8 @@ class Tenancy:
     # tenant -> skb->mark value inside node.markMask (tenants beyond its capacity are absent).
     marks: dict[str, int] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    # uplink name -> "htb" | "edt": which backend plans it (backends/edt/select.py; absent = htb).
+    dataplanes: dict[str, str] = field(default_factory=dict)
 
     @property
     def uplink_names(self) -> set[str]:
@@ -50,8 +53,10 @@ def tenancy(cfg: Config, inv: Inventory) -> Tenancy:
         for problem in pod.problems:
             if pod.uid in by_pod:
                 warnings.append(f"pod {pod.ref} (tenant {by_pod[pod.uid]}): {problem}")
+    planes, planewarn = select_dataplanes(cfg, devices, inv.capabilities)
+    warnings.extend(planewarn)
     return Tenancy(uplinks=tuple(devices), interfaces=ifmap, pod_tenants=by_pod, marks=marks,
-                   warnings=tuple(warnings))
+                   warnings=tuple(warnings), dataplanes=planes)
 
 
 def pod_tenants(cfg: Config, pods: tuple[Pod, ...]) -> tuple[dict[str, str], list[str]]:

@@ -11,7 +11,11 @@ pods on other nodes, so bookmarks carry versions no pod event had.
 
 Test hooks: add/modify/delete pods, unrelated writes, bookmarks, compaction,
 drop every watch, hang (stop answering), inject garbage lines or raw events,
-go down and come back on the same port. ``requests`` logs what every client
+go down and come back on the same port. Faults (issue 14): ``delay_s``
+(every answer that late), ``fail_status`` (every request answered with that
+HTTP status, e.g. 500), ``gone_loop`` (every watch answered 410, so every
+relist is followed by another 410), ``truncate_watches`` (every watch sends
+half an event line and is cut). ``requests`` logs what every client
 asked for. ``write_kubeconfig`` points the client library at it.
 """
 
@@ -85,6 +89,10 @@ class FakeKubeAPI:
         # path answers 404, like an API group that is not installed.
         self.objects: dict[str, dict[str, dict]] = {}
         self.obj_events: list[tuple[int, str, str, dict]] = []  # (rv, collection path, type, object)
+        self.delay_s = 0.0
+        self.fail_status: int | None = None
+        self.gone_loop = False
+        self.truncate_watches = False
         self.host = host
         self._server = _Server(self, (host, port))
         self.port = self._server.server_address[1]
@@ -329,6 +337,17 @@ class _Handler(BaseHTTPRequestHandler):
             if not fake.running or fake.up_gen != gen:
                 self.close_connection = True
                 return
+            # A slow server: the answer comes delay_s late (a go_down in between still cuts it).
+            until = time.monotonic() + fake.delay_s
+            while fake.running and fake.up_gen == gen and time.monotonic() < until:
+                fake._cond.wait(min(0.1, until - time.monotonic()))
+            if not fake.running or fake.up_gen != gen:
+                self.close_connection = True
+                return
+            fail = fake.fail_status
+        if fail is not None:
+            return self._json(fail, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": fail,
+                                     "reason": "InternalError", "message": "injected fault"})
         if url.path in fake.objects:
             return fake._serve_objects(self, url.path, q, watch)
         if url.path != "/api/v1/pods":
@@ -369,13 +388,22 @@ class _Handler(BaseHTTPRequestHandler):
         bookmarks = q.get("allowWatchBookmarks") in ("true", "1", "True")
         gone = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": f"too old resource version: {since} ({fake.compacted_rv})", "reason": "Expired", "code": 410}
+        if fake.gone_loop:
+            gone["message"] = f"too old resource version: {since} ({fake.rv + 1})"  # always newer than the list
+            since = -1
         if since and since < fake.compacted_rv and fake.gone_as_http:
             return self._json(410, gone)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        if since and since < fake.compacted_rv:
+        if fake.truncate_watches:
+            half = json.dumps({"type": "ADDED", "object": make_pod("half", node or "n")})
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(half) // 2, half[: len(half) // 2].encode()))
+            self.wfile.flush()
+            self.close_connection = True
+            return  # cut mid-event, without the final chunk
+        if since == -1 or (since and since < fake.compacted_rv):
             self._chunk(json.dumps({"type": "ERROR", "object": gone}))
             self.wfile.write(b"0\r\n\r\n")
             return

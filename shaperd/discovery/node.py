@@ -48,7 +48,7 @@ def discover(reader, capabilities: Capabilities, roots: Roots = DEFAULT) -> Inve
     by_index = {l.ifindex: l for l in raw}
     links = tuple(
         Link(name=l.name, ifindex=l.ifindex, kind=l.kind,
-             speed_bps=None if l.kind else read_speed_bps(l.name, roots), mtu=l.mtu, up=l.up)
+             speed_bps=None if l.kind else read_speed_bps(l.name, roots), mtu=l.mtu, up=l.up, tx_queues=l.tx_queues)
         for l in raw
     )
     defaults = default_route_ifindexes(reader.routes(socket.AF_INET), reader.routes(socket.AF_INET6))

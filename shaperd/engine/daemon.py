@@ -4,7 +4,8 @@ Reconciles at start, when the tenants file changes (polled by inode, mtime
 and size through the symlink, which also catches a ConfigMap's atomic
 ``..data`` swap), on SIGHUP, when links or tc objects change (debounced),
 and on a periodic resync that repairs drift. A bad new file is rejected with
-a log line and the last good one stays enforced. SIGTERM/SIGINT end the
+a log line and the last good one stays enforced. When and how the file is
+read (settle time, torn reads, unchanged bytes) is engine/config_watch.py's. SIGTERM/SIGINT end the
 loop and leave enforcement in place.
 
 With a metrics address, a sampler thread reads class counters every 0.5 s
@@ -24,11 +25,11 @@ import os
 import select
 import signal
 import time
-from dataclasses import dataclass
 
 from .. import log
-from ..config import Config, load_file
+from ..config import Config, load_text
 from ..errors import ConfigError, KernelError, ShaperdError
+from .config_watch import ConfigWatch, FileStamp, stamp  # noqa: F401  (FileStamp, stamp: re-exported)
 
 FILE_POLL_S = 1.0
 # Coalesce a burst of link/tc events (including the echo of our own writes) into one reconcile.
@@ -44,27 +45,11 @@ WATCHDOG_MAX_FAILURES = 10
 VOLCANO_SYNC_WAIT_S = 10.0
 
 
-@dataclass(frozen=True)
-class FileStamp:
-    ino: int
-    dev: int
-    mtime_ns: int
-    size: int
-
-
-def stamp(path: str) -> FileStamp | None:
-    try:
-        st = os.stat(path)  # follows symlinks: a swapped target is a new inode
-    except OSError:
-        return None
-    return FileStamp(st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size)
-
-
 class Daemon:
     def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0,
                  metrics_address: str | None = None, netns: str | None = None, pod_watcher_factory=None,
                  pod_resources=None, sm_check_settings=None, config_source=None, volcano_factory=None,
-                 cilium_factory=None):
+                 cilium_factory=None, web_config_file: str | None = None):
         self.path = config_path
         # discovery.kubernetes.configmap.ConfigMapSource (--config-map): the tenants file through the API.
         self.config_source = config_source
@@ -83,17 +68,19 @@ class Daemon:
         self.resync_s = resync_interval_s
         self.log = log.get("shaperd.daemon")
         self.config: Config | None = None
-        self.stamp: FileStamp | None = None
+        self.watch = ConfigWatch(config_path)
         self.stop = False
         self.reload_requested = False
         self.failures = 0
         self.reconciles = 0
         self.metrics_address = metrics_address or None
+        self.web_config_file = web_config_file or None  # report/webconfig.py: TLS and basic auth on /metrics
         self.netns = netns
         self.metrics = None  # report.metrics.Metrics when serving
         self.sampler = None
         self.rdma_sampler = None  # report.rdma_sampler.RdmaSampler when serving metrics
         self.sm_checker = None  # report.rdma_smcheck.SmChecker when serving metrics
+        self.edt_loop = None  # engine.edt_loop.EdtLoop, started once an uplink is on the edt data plane
         self.sm_check_settings = sm_check_settings  # report.rdma_smcheck.SmCheckSettings; None: defaults
         # Drift: a reconcile that changed the kernel although the config it
         # enforces was already applied successfully once.
@@ -119,13 +106,24 @@ class Daemon:
         self.reload_requested = True
 
     # -- config --------------------------------------------------------
-    def load(self, why: str) -> bool:
+    def load(self, why: str, force: bool = False) -> bool:
         """Try the file; keep the last good config on failure. True if the config changed."""
         src = self.config_source
+        got = None
         if src is None:
-            self.stamp = stamp(self.path)
+            got = self.watch.read(force=force)
+            if got.torn:
+                self.log.info("config file changed while read; reading again once it settles", file=self.path, reason=why)
+                return False
+            if not got.new:
+                return False
         try:
-            cfg = src.load() if src is not None else load_file(self.path)
+            if got is None:
+                cfg = src.load()
+            else:
+                if got.error is not None:
+                    raise got.error
+                cfg = load_text(got.text, self.path)
         except ConfigError as e:
             self.log.error("config rejected", file=src.describe if src else self.path, reason=why,
                            problems=[str(p) for p in e.problems],
@@ -170,7 +168,7 @@ class Daemon:
         self.log.info("started", config=self.path, resync_interval_s=self.resync_s,
                       capabilities=list(rec.capabilities.notes))
         if self.config_source is None:
-            self.load("start")  # a ConfigMap loads when its first list arrives (config_changed)
+            self.load("start", force=True)  # a ConfigMap loads when its first list arrives (config_changed)
         due = time.monotonic()  # reconcile now
         next_resync = due + self.resync_s
         next_poll = time.monotonic() + FILE_POLL_S
@@ -196,7 +194,7 @@ class Daemon:
                 if self.reload_requested:
                     self.reload_requested = False
                     self.notify.reloading()
-                    if self.load("SIGHUP"):
+                    if self.load("SIGHUP", force=True):
                         due = now
                     self.notify.reloaded(self._status())
                 if self.config_changed:
@@ -204,11 +202,11 @@ class Daemon:
                     if self.load("configmap changed"):
                         due = now
                 if now >= next_poll:
-                    next_poll = now + FILE_POLL_S
-                    if self.config_source is None and stamp(self.path) != self.stamp and self.load("file changed"):
+                    if self.config_source is None and self.watch.due(now) and self.load("file changed"):
                         due = now
                     if self.pod_resources is not None and self.pod_resources.poll():
                         due = now
+                    next_poll = now + self.watch.poll_interval_s(FILE_POLL_S)
                 if now >= next_resync:
                     due = now
                 if due is not None and now >= due and not self.stop:
@@ -236,6 +234,8 @@ class Daemon:
                 self.rdma_sampler.stop()
             if self.sm_checker is not None:
                 self.sm_checker.stop()
+            if self.edt_loop is not None:
+                self.edt_loop.stop()
             signal.set_wakeup_fd(-1)
             self.events.close()
             os.close(rpipe)
@@ -347,12 +347,29 @@ class Daemon:
         self.log.info("reconciled", changes=rep.changes, devices=len(rep.planned_devices),
                       duration_ms=round(rep.duration_s * 1000, 1), ok=rep.ok, drift_repair=drift)
         self._observe(rep, ok=not failed, drift=drift)
+        self._edt_rates(rep)
         if failed:
             self.failures += 1
+            if not _worth_retrying(rep):  # EPERM, EINVAL: asking again soon changes nothing; the resync will
+                self.log.warning("reconcile failed permanently; not retried before the next trigger or resync")
+                return None
             return time.monotonic() + RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
         self.failures = 0
         self.applied_gen = gen
         return None
+
+    def _edt_rates(self, rep) -> None:
+        """Hand the edt plan to the rate controller loop (engine/edt_loop.py), starting it on first use."""
+        plan = getattr(rep, "plan", None)
+        edt = getattr(plan, "desired", {}).get("edt")
+        devices = getattr(edt, "devices", ())
+        if self.edt_loop is None and devices:
+            from .edt_loop import EdtLoop
+
+            self.edt_loop = EdtLoop(_edt_maps_opener(self.netns))
+            self.edt_loop.start()
+        if self.edt_loop is not None:
+            self.edt_loop.set_targets(devices)
 
     # -- observability -------------------------------------------------
     def _start_observability(self, rec):
@@ -387,15 +404,20 @@ class Daemon:
         from ..report import classifier_metrics
 
         classifier_metrics.install(self.metrics, rec.backends)
+
+        from ..report import edt_metrics
+
+        edt_metrics.install(self.metrics, lambda: self.edt_loop)
         try:
-            server = MetricsServer(self.metrics_address, self.metrics)
+            server = MetricsServer(self.metrics_address, self.metrics, self.web_config_file)
         except (OSError, ValueError) as e:
             raise ShaperdError(f"listen on metrics address {self.metrics_address}: {getattr(e, 'strerror', None) or e}") from e
         self.sampler.start()
         self.rdma_sampler.start()
         self.sm_checker.start()
         server.start()
-        self.log.info("serving metrics", address=self.metrics_address, paths=["/metrics", "/healthz", "/readyz"])
+        self.log.info("serving metrics", address=self.metrics_address, paths=["/metrics", "/healthz", "/readyz"],
+                      scheme=server.scheme, web_config=self.web_config_file)
         return server
 
     def _observe(self, rep, ok: bool, drift: bool) -> None:
@@ -417,6 +439,13 @@ class Daemon:
         inv = getattr(rep, "inventory", None)
         if self.sm_checker is not None and self.config is not None and inv is not None:
             self.sm_checker.set_inputs(self.config, inv, rdma_plan_of(self.config, rep))
+
+
+def _worth_retrying(rep) -> bool:
+    """A failed reconcile is retried with backoff unless every failure is a permanent kernel refusal."""
+    if any(d.error for d in rep.devices):
+        return True  # a device that could not be read (a timeout, an interrupted dump): transient
+    return any(err.transient for d in rep.devices for _op, err in d.failed)
 
 
 def rdma_plan_of(cfg, rep):
@@ -446,6 +475,18 @@ def _rdma_reader(roots):
     from ..discovery.rdma_counters import read_ports
 
     return lambda ports: read_ports(roots, ports)
+
+
+def _edt_maps_opener(netns: str | None):
+    """open_maps for the edt loop: the stamper's maps found from its filter, read on a socket of the loop's own."""
+    from ..kernel import edt_prog
+    from ..kernel.rtnl import RtnlReader
+
+    def open_maps(dp):
+        with RtnlReader(netns) as reader:
+            return edt_prog.open_for_device(reader, dp.ifindex, dp.device, dp.stamper.name)
+
+    return open_maps
 
 
 def _stats_reader(netns: str | None):

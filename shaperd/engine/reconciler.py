@@ -272,13 +272,16 @@ def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, ne
                      pins=None) -> list[Backend]:
     """The enforcement paths shaperd runs today, in the order they are reconciled."""
     from ..backends.dcb.backend import DcbBackend
+    from ..backends.edt.backend import EdtBackend
     from ..backends.htb.backend import HtbBackend
     from ..backends.marks.backend import MarksBackend
     from ..backends.devlink.backend import DevlinkBackend
     from ..backends.rdma.backend import RdmaBackend
     from ..backends.vfrate.backend import VfRateBackend
 
-    return [HtbBackend(writer, take_over=take_over, pins=pins), MarksBackend(writer), DevlinkBackend(),
+    # edt after htb: a device moving between the two is released by one before the other takes it.
+    return [HtbBackend(writer, take_over=take_over, pins=pins), EdtBackend(writer, take_over=take_over, pins=pins),
+            MarksBackend(writer), DevlinkBackend(),
             DcbBackend(netns, str(roots.run)), RdmaBackend(roots),
             VfRateBackend(writer, state_file=roots.run / "shaperd" / "vfrate-owned.json")]
 
@@ -286,10 +289,8 @@ def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, ne
 def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DEFAULT, take_over: bool = False,
               pods_source=None, pod_resources=None) -> Reconciler:
     """A reconciler whose reader and writers all live in one namespace (kernel/netns.py)."""
-    from ..kernel import tc
+    from ..kernel import bpf_pins, tc
     from ..kernel.rtnl import RtnlReader
-
-    from ..kernel import bpf_pins
 
     reader = RtnlReader(netns, run_root=str(roots.run))
     writer = tc.open_writer(netns, str(roots.run))

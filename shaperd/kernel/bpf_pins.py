@@ -10,8 +10,10 @@ nothing, so CAP_NET_ADMIN + CAP_BPF suffice.
 
 Owns: BPF_OBJ_PIN / BPF_OBJ_GET (uapi linux/bpf.h, union bpf_attr for
 BPF_OBJ_*: ``__aligned_u64 pathname; __u32 bpf_fd; __u32 file_flags;
-__s32 path_fd``) and the layout ``<root>/shaperd/<scope>/<entry>/<file>``:
-scope is "host" or the named network namespace, entry is the device name.
+__s32 path_fd``) and the layout ``<root>/shaperd/<scope>/<backend>/<entry>/<file>``:
+scope is "host" or the named network namespace, backend the one that owns
+the classifier on that device (htb, edt: each collects only its own), entry
+the device name.
 bpffs refuses any name with a '.', so names are escaped ('%' -> '%25',
 '.' -> '%2e': eth0.100 is eth0%2e100). A set of pins is written into a
 temporary entry and renamed into place, so a crash leaves either the old set,
@@ -89,18 +91,23 @@ def _entry_name(name: str) -> str:
 
 
 class PinStore:
-    """Pin sets under ``<root>/shaperd/<scope>``, one entry (directory) per device."""
+    """Pin sets under ``<root>/shaperd/<scope>[/<sub>...]``, one entry (directory) per device."""
 
-    def __init__(self, root: str | Path, scope: str = "host"):
+    def __init__(self, root: str | Path, scope: str = "host", *subs: str):
         self.root = Path(root)
         self.scope = _entry_name(escape(scope)) if not scope.startswith(PROBE_SCOPE_PREFIX) else scope
+        self.subs = tuple(_entry_name(escape(s)) for s in subs)
+
+    def sub(self, name: str) -> PinStore:
+        """The store one level down (a backend's own part of the scope)."""
+        return PinStore(self.root, self.scope, *self.subs, name)
 
     def __repr__(self) -> str:
         return f"PinStore({self.base})"
 
     @property
     def base(self) -> Path:
-        return self.root / "shaperd" / self.scope
+        return self.root.joinpath("shaperd", self.scope, *self.subs)
 
     def path(self, entry: str) -> Path:
         """The directory of a device's pins (``entry`` is a device name or a name from ``entries``)."""
@@ -141,8 +148,10 @@ class PinStore:
         final = self.path(entry)
         tmp = self.base / f"{_TMP}{os.getpid()}:{escape(entry)}"
         try:
-            for d in (self.root / "shaperd", self.base):
+            d = self.root / "shaperd"
+            for part in (self.scope, *self.subs, None):
                 d.mkdir(mode=0o700, exist_ok=True)
+                d = d / part if part else d
             self.remove(tmp.name)
             tmp.mkdir(mode=0o700)
         except OSError as e:

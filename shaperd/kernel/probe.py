@@ -4,18 +4,34 @@ Runs in a throwaway network namespace so nothing on the node's own devices
 is touched: creates a veth pair there and tries each qdisc and classifier
 shaperd may use. The result decides between degrading with a warning and
 failing with a message naming the missing feature.
+
+The namespace has no name: a helper thread unshare(2)s into a new network
+namespace of its own and probes from there. It lives only as long as that
+thread and its sockets, so a process killed at any point (SIGKILL during
+start-up included) leaves nothing behind. (It used to be a named namespace,
+``shaperd-probe-PID`` under /run/netns, created and removed around the probe:
+a kill between the two left it on the node, 2 times in 20 trials. Those
+left by older versions are swept at start when their PID is dead.)
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import threading
+from pathlib import Path
 
-from pyroute2 import IPRoute, netns
+from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ..inventory import Capabilities
-from . import netns as netns_mod
 from . import tc as _tc  # noqa: F401 - registers the bfifo codec with pyroute2
+
+CLONE_NEWNET = 0x40000000
+MNT_DETACH = 2
+LEGACY_PREFIX = "shaperd-probe-"
+PROBE_TIMEOUT_S = 30.0
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def default_qdisc(procfs_root: str = "/proc") -> str | None:
@@ -27,7 +43,43 @@ def default_qdisc(procfs_root: str = "/proc") -> str | None:
         return None
 
 
-def _classifier_notes(how: str, why: str, notes: list[str]) -> tuple[bool, str]:
+def probe_capabilities(procfs_root: str = "/proc", run_root: str = "/run", bpffs_root: str | None = None) -> Capabilities:
+    """``bpffs_root``: where the map classifier's pins go (None: by-id adoption only; the CLI passes
+    --bpffs-root, default /sys/fs/bpf)."""
+    sweep_stale(Path(run_root) / "netns")
+    box: dict = {}
+    t = threading.Thread(target=_in_own_netns, args=(box, bpffs_root), name="shaperd-probe", daemon=True)
+    t.start()
+    t.join(PROBE_TIMEOUT_S)
+    if t.is_alive():
+        return _assumed(f"capability probe gave no answer within {PROBE_TIMEOUT_S:g} s", procfs_root, bpffs_root)
+    if "error" in box:
+        e = box["error"]
+        return _assumed(f"capability probe skipped ({getattr(e, 'strerror', None) or e})", procfs_root, bpffs_root)
+    return box["caps"]
+
+
+def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None) -> Capabilities:
+    """No throwaway namespace (no CAP_SYS_ADMIN: the DaemonSet and the systemd unit drop it, or no netns
+    support): assume the common kernel set and say so. Loading a do-nothing SCHED_CLS program touches no
+    device, so cls_bpf is still tested here rather than assumed missing."""
+    from . import bpf, bpf_classify
+
+    bpf_ok, bpf_why = bpf.bpf_supported()
+    # The map classifier: its maps made, its program loaded and got back, not attached (no probe device).
+    how, maps_why = bpf_classify.probe_load(bpffs_root) if bpf_ok else ("", "cls_bpf unavailable")
+    # fq_codel leaves when the node's default qdisc is fq_codel (systemd's default): it exists there.
+    leaf = {"bfifo"} | ({"fq_codel"} if default_qdisc(procfs_root) == "fq_codel" else set())
+    notes = [f"{why}; assuming htb, u32, {', '.join(sorted(leaf))}"]
+    if not bpf_ok:
+        notes.append(f"cls_bpf unavailable ({bpf_why}): match.interfaces cannot be enforced")
+    maps_ok, adopt = _classifier_note(how, maps_why, notes)
+    return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
+                        bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
+                        notes=tuple(notes))
+
+
+def _classifier_note(how: str, why: str, notes: list[str]) -> tuple[bool, str]:
     """(bpf_maps, bpf_adopt) from probe_load's answer, honouring SHAPERD_CLASSIFIER=u32; notes say why."""
     if os.environ.get("SHAPERD_CLASSIFIER", "") == "u32" and how:
         notes.append("classifier: u32 path (SHAPERD_CLASSIFIER=u32)")
@@ -39,68 +91,121 @@ def _classifier_notes(how: str, why: str, notes: list[str]) -> tuple[bool, str]:
     return True, how
 
 
-def probe_capabilities(procfs_root: str = "/proc", bpffs_root: str | None = None) -> Capabilities:
-    """``bpffs_root``: where the map classifier's pins go (None: by-id adoption only; the CLI passes
-    --bpffs-root, default /sys/fs/bpf)."""
-    name = f"shaperd-probe-{os.getpid()}"
-    notes: list[str] = []
+def unshare_netns() -> None:
+    """Move the calling thread (only it) into a new, unnamed network namespace (tests replace this)."""
+    if _libc.unshare(CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _in_own_netns(box: dict, bpffs_root: str | None = None) -> None:
+    """On the helper thread: into a namespace of its own, then probe."""
     try:
-        netns.create(name)
-    except OSError as e:
-        # No CAP_SYS_ADMIN (the DaemonSet and the systemd unit drop it), or no netns support:
-        # assume the common kernel set, say so. Loading a do-nothing SCHED_CLS program touches
-        # no device, so cls_bpf is still tested here rather than assumed missing.
+        unshare_netns()
+        box["caps"] = _probe(bpffs_root)
+    except Exception as e:  # noqa: BLE001 - reported as a degraded probe, never a crash at start
+        box["error"] = e
+
+
+def _probe(bpffs_root: str | None = None) -> Capabilities:
+    notes: list[str] = []
+    with IPRoute() as ipr:  # created on this thread: its socket is in the unnamed namespace
+        ipr.link("add", ifname="p0", kind="veth", peer="p1")
+        idx = ipr.link_lookup(ifname="p0")[0]
+        ipr.link("set", index=idx, state="up")
+        htb = _try(lambda: ipr.tc("replace", "htb", idx, 0x10000, default=0x2))
+        if not htb:
+            notes.append("sch_htb missing: shaperd cannot enforce anything on this kernel")
+            return Capabilities(htb=False, u32=False, bpf=False, leaf_kinds=frozenset(), notes=tuple(notes))
+        ipr.tc("add-class", "htb", idx, 0x10002, parent=0x10000, rate="1mbit")
+        leaf = set()
+        for kind, kw in (("fq_codel", {}), ("bfifo", {"limit": 100000})):
+            if _try(lambda: ipr.tc("replace", kind, idx, 0x20000, parent=0x10002, **kw)):
+                leaf.add(kind)
+        u32 = _try(lambda: ipr.tc("add-filter", "u32", idx, parent=0x10000, prio=1, protocol=0x0800,
+                                  target=0x10002, keys=["0xc6120000/0xffff0000+12"]))
+        edt_fq, edt_mq = _edt_qdiscs(ipr)
+        idx_off = ipr.link_lookup(ifname="q1")[0]
+        _off_ok, off_why = htb_offload(ipr, idx_off, "veth")
+        if not _off_ok:
+            notes.append(f"{off_why} (probe): HTB offload is decided per device (backends/htb/offload.py)")
         from . import bpf, bpf_classify
 
         bpf_ok, why = bpf.bpf_supported()
-        # The map classifier: its maps made, its program loaded and got back, not attached (no probe device).
-        how, maps_why = bpf_classify.probe_load(bpffs_root) if bpf_ok else ("", "cls_bpf unavailable")
-        # fq_codel leaves when the node's default qdisc is fq_codel (systemd's default): it exists there.
-        leaf = {"bfifo"} | ({"fq_codel"} if default_qdisc(procfs_root) == "fq_codel" else set())
-        notes = [f"capability probe skipped ({e.strerror or e}); assuming htb, u32, {', '.join(sorted(leaf))}"]
-        if not bpf_ok:
-            notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
-        maps_ok, adopt = _classifier_notes(how, maps_why, notes)
-        return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
-                            bpf_pin_root=bpffs_root if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
-                            notes=tuple(notes))
-    try:
-        with netns_mod.entered(name):
-            ipr = IPRoute()  # a socket keeps the namespace it was made in
-        with ipr:
-            ipr.link("add", ifname="p0", kind="veth", peer="p1")
-            idx = ipr.link_lookup(ifname="p0")[0]
-            ipr.link("set", index=idx, state="up")
-            htb = _try(lambda: ipr.tc("replace", "htb", idx, 0x10000, default=0x2))
-            if not htb:
-                notes.append("sch_htb missing: shaperd cannot enforce anything on this kernel")
-                return Capabilities(htb=False, u32=False, bpf=False, leaf_kinds=frozenset(), notes=tuple(notes))
-            ipr.tc("add-class", "htb", idx, 0x10002, parent=0x10000, rate="1mbit")
-            leaf = set()
-            for kind, kw in (("fq_codel", {}), ("bfifo", {"limit": 100000})):
-                if _try(lambda: ipr.tc("replace", kind, idx, 0x20000, parent=0x10002, **kw)):
-                    leaf.add(kind)
-            u32 = _try(lambda: ipr.tc("add-filter", "u32", idx, parent=0x10000, prio=1, protocol=0x0800,
-                                      target=0x10002, keys=["0xc6120000/0xffff0000+12"]))
-            from . import bpf, bpf_classify
+        attach_ok, maps_why = bpf_classify.probe(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
+    # Attaching works: now how a restarted agent gets the maps back (pins first, else by id). bpf()
+    # objects and bpffs belong to no network namespace, so this thread's namespace does not matter.
+    how, adopt_why = bpf_classify.probe_load(bpffs_root) if attach_ok else ("", maps_why)
+    if not bpf_ok:
+        notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
+    maps_ok, adopt = _classifier_note(how, adopt_why, notes)
+    if "fq_codel" not in leaf:
+        notes.append("fq_codel missing: leaf queues are bfifo sized in time at the class ceiling")
+    if not edt_fq:
+        notes.append("edt unavailable: sch_fq missing (node.dataplane edt/auto fall back to htb)")
+    elif not edt_mq:
+        notes.append("edt unavailable: mq missing (node.dataplane edt/auto fall back to htb)")
+    return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
+                        bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
+                        notes=tuple(notes), fq=edt_fq, mq=edt_mq)
 
-            bpf_ok, why = bpf.bpf_supported()
-            attach_ok, maps_why = bpf_classify.probe(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
-        # Attaching works: now how a restarted agent gets the maps back (pins first, else by id).
-        how, adopt_why = bpf_classify.probe_load(bpffs_root) if attach_ok else ("", maps_why)
-        if not bpf_ok:
-            notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
-        maps_ok, adopt = _classifier_notes(how, adopt_why, notes)
-        if "fq_codel" not in leaf:
-            notes.append("fq_codel missing: leaf queues are bfifo sized in time at the class ceiling")
-        return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
-                            bpf_pin_root=bpffs_root if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
-                            notes=tuple(notes))
-    finally:
+
+def sweep_stale(netns_dir: Path) -> list[str]:
+    """Remove ``shaperd-probe-PID`` namespaces whose process is gone (left by older versions); their names."""
+    removed = []
+    try:
+        names = [p.name for p in netns_dir.iterdir() if p.name.startswith(LEGACY_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(LEGACY_PREFIX):]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        path = netns_dir / name
+        _libc.umount2(str(path).encode(), MNT_DETACH)  # fails (EINVAL) where it is no longer a mount: fine
         try:
-            netns.remove(name)
+            path.unlink()
+            removed.append(name)
         except OSError:
             pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def htb_offload(ipr: IPRoute, ifindex: int, device: str) -> tuple[bool, str]:
+    """Try ``htb offload`` as the root of ``device`` (a probe veth: never a node's device). (ok, why not)."""
+    from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
+
+    msg = _tc._msg(RTM_NEWQDISC, _tc._F_PUT, ifindex, 0x10000, TC_H_ROOT, kind="htb",
+                   options={"attrs": [*_tc._htb_init(2)["attrs"], ["TCA_HTB_OFFLOAD", ""]]})
+    try:
+        ipr.nlm_request_batch([msg])
+    except NetlinkError as e:
+        return False, f"htb offload on {device}: {os.strerror(e.code)}"
+    ipr.tc("del", index=ifindex, handle=0x10000, parent=0xFFFFFFFF)
+    return True, ""
+
+
+def _edt_qdiscs(ipr: IPRoute) -> tuple[bool, bool]:
+    """(sch_fq, mq) on a veth with 4 TX queues in the probe namespace: what the edt data plane needs."""
+    ipr.link("add", ifname="q0", kind="veth", peer={"ifname": "q1", "num_tx_queues": 4}, num_tx_queues=4)
+    idx = ipr.link_lookup(ifname="q0")[0]
+    mq = _try(lambda: ipr.tc("replace", "mq", idx, 0x73650000))
+    fq = False
+    if mq:
+        fq = _try(lambda: ipr.tc("replace", "fq", idx, 0x80010000, parent=0x73650001))
+    else:
+        fq = _try(lambda: ipr.tc("replace", "fq", idx, 0x73650000))
+    return fq, mq
 
 
 def _try(fn) -> bool:

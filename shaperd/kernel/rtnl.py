@@ -16,12 +16,13 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 import socket
+import time
 
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from ..errors import KernelError
-from . import nlmsg
+from . import faults, nlmsg
 from .nlexchange import open_netlink
 from . import rtnl_rows as rows
 from .nlmsg import Message
@@ -30,8 +31,11 @@ NETLINK_ROUTE = 0
 RTM_GETLINK, RTM_GETROUTE, RTM_GETNEIGH = 18, 26, 30
 RTM_GETQDISC, RTM_GETTCLASS, RTM_GETTFILTER = 38, 42, 46
 DEFAULT_TIMEOUT_S = 5.0
+ANSWER_CAP_S = 300.0
 # A dump interrupted this many times in a row means the table changes faster than it can be read.
 DUMP_ATTEMPTS = 4
+# Pauses before reading an interrupted dump again.
+DUMP_RETRY_S = (0.01, 0.05, 0.2)
 # Answers to a route lookup that mean "no route", not "could not ask".
 NO_ROUTE_ERRNOS = frozenset({errno_mod.ENETUNREACH, errno_mod.EHOSTUNREACH, errno_mod.ENETDOWN,
                              errno_mod.ESRCH})
@@ -49,8 +53,9 @@ class RtnlReader:
     """Typed reads over one raw rtnetlink socket (``sock`` injectable for recorded replies)."""
 
     def __init__(self, netns: str | None = None, *, sock=None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 run_root: str = "/run"):
+                 run_root: str = "/run", sleep: Callable[[float], None] = time.sleep):
         self.netns = netns
+        self.sleep = sleep
         self.sock = sock if sock is not None else open_socket(netns, run_root)
         self.timeout_s = timeout_s
         self.sock.settimeout(timeout_s)
@@ -74,17 +79,33 @@ class RtnlReader:
         showed in the sampler's cost."""
         self.seq += 1
         seq = self.seq
+        req = nlmsg.header(nlmsg.HDR.size + len(body), mtype, nlmsg.NLM_F_REQUEST | flags, seq) + body
+        plan = faults.ACTIVE
+        fault = plan.reading(req, device) if plan is not None else None
+        # Two deadlines: timeout_s without any datagram for this request (a kernel that stopped answering),
+        # and ANSWER_CAP_S for the whole answer (a dump of 50,000 filters on a loaded node takes seconds).
+        start = time.monotonic()
+        idle_until, cap = start + self.timeout_s, start + max(self.timeout_s, ANSWER_CAP_S)
         try:
-            self.sock.send(nlmsg.header(nlmsg.HDR.size + len(body), mtype, nlmsg.NLM_F_REQUEST | flags, seq) + body)
+            self.sock.send(req)
             while True:
+                left = min(idle_until, cap) - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout()
+                self.sock.settimeout(left)
                 buf = self.sock.recv(1 << 16)
                 if not buf:
                     raise KernelError("read", what, device, "netlink socket closed", errno_mod.EPIPE)
+                if fault is not None:
+                    if fault == "silent":
+                        continue
+                    buf = faults.mark_dump_intr(buf)
                 mine = []
                 last = False
                 for m in nlmsg.messages(buf):
                     if m.seq != seq:
                         continue  # a late answer to an earlier request that timed out
+                    idle_until = time.monotonic() + self.timeout_s
                     mine.append(m)
                     if m.type == nlmsg.NLMSG_DONE or m.type == nlmsg.NLMSG_ERROR or not m.flags & nlmsg.NLM_F_MULTI:
                         last = True
@@ -102,7 +123,9 @@ class RtnlReader:
               device: str) -> list[T]:
         """Every row of a dump; an interrupted dump is read again, an error reply raises."""
         done, error = nlmsg.NLMSG_DONE, nlmsg.NLMSG_ERROR
-        for _attempt in range(DUMP_ATTEMPTS):
+        for attempt in range(DUMP_ATTEMPTS):
+            if attempt:
+                self.sleep(DUMP_RETRY_S[min(attempt, len(DUMP_RETRY_S)) - 1])  # let the change settle
             out: list[T] = []
             interrupted = 0
             for buf, msgs in self._replies(mtype, nlmsg.NLM_F_DUMP, body, what, device):

@@ -22,6 +22,7 @@ RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, pro
 NDMSG = struct.Struct("=BBHiHBB")  # family, pad1, pad2, ifindex, state, flags, type
 
 IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_INFO_KIND = 3, 4, 18, 1
+IFLA_NUM_TX_QUEUES = 31
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_MULTIPATH, RTA_TABLE, RTA_VIA = 1, 4, 5, 6, 9, 15, 18
 NDA_DST, NDA_LLADDR, NDA_MASTER = 1, 2, 9
 TCA_KIND, TCA_OPTIONS, TCA_STATS2 = 1, 2, 7
@@ -47,6 +48,7 @@ class LinkRow(NamedTuple):
     kind: str  # IFLA_INFO_KIND: "veth", "bridge", "" for a physical NIC
     mtu: int
     up: bool  # administratively up (IFF_UP)
+    tx_queues: int = 1  # IFLA_NUM_TX_QUEUES: how many children mq gives the device
 
 
 class RouteRow(NamedTuple):
@@ -75,6 +77,8 @@ class QdiscRow(NamedTuple):
     kind: str
     limit: int = 0  # bfifo/pfifo (bytes/packets) and fq_codel (packets)
     default_minor: int = 0  # htb: the default class
+    # sch_fq: (limit, flow_limit, horizon_us, horizon_drop), the edt backend's sizing; None for other kinds.
+    fq: tuple[int, int, int, int] | None = None
 
 
 class HtbClassRow(NamedTuple):
@@ -127,7 +131,8 @@ def link(buf: bytes, m: Message) -> LinkRow:
     a = attrs(buf, m.start + IFINFOMSG.size, m.end)
     kind = string(buf, attrs(buf, *a[IFLA_LINKINFO]).get(IFLA_INFO_KIND)) if IFLA_LINKINFO in a else ""
     return LinkRow(ifindex=index, name=string(buf, a.get(IFLA_IFNAME)), kind=kind,
-                   mtu=u32(buf, a.get(IFLA_MTU), 1500), up=bool(flags & 1))
+                   mtu=u32(buf, a.get(IFLA_MTU), 1500), up=bool(flags & 1),
+                   tx_queues=u32(buf, a.get(IFLA_NUM_TX_QUEUES), 1))
 
 
 def route(buf: bytes, m: Message) -> RouteRow:
@@ -167,11 +172,15 @@ def root_qdisc(buf: bytes, m: Message) -> QdiscRow | None:
     return qdisc(buf, m)
 
 
+TCA_FQ_PLIMIT, TCA_FQ_FLOW_PLIMIT, TCA_FQ_HORIZON, TCA_FQ_HORIZON_DROP = 1, 2, 14, 15  # sch_fq (edt)
+
+
 def qdisc(buf: bytes, m: Message) -> QdiscRow:
     _f, _p1, _p2, index, handle, parent, _info = TCMSG.unpack_from(buf, m.start)
     a = attrs(buf, m.start + TCMSG.size, m.end)
     kind = string(buf, a.get(TCA_KIND))
     limit = default_minor = 0
+    fq = None
     if TCA_OPTIONS in a:
         s, e = a[TCA_OPTIONS]
         if kind in ("bfifo", "pfifo") and e - s >= 4:
@@ -182,7 +191,13 @@ def qdisc(buf: bytes, m: Message) -> QdiscRow:
             o = attrs(buf, s, e)
             if TCA_HTB_INIT in o:
                 default_minor = U32.unpack_from(buf, o[TCA_HTB_INIT][0] + 8)[0]  # tc_htb_glob.defcls
-    return QdiscRow(ifindex=index, handle=handle, parent=parent, kind=kind, limit=limit, default_minor=default_minor)
+        elif kind == "fq":
+            o = attrs(buf, s, e)
+            drop = buf[o[TCA_FQ_HORIZON_DROP][0]] if TCA_FQ_HORIZON_DROP in o else 0  # a u8
+            fq = (u32(buf, o.get(TCA_FQ_PLIMIT)), u32(buf, o.get(TCA_FQ_FLOW_PLIMIT)), u32(buf, o.get(TCA_FQ_HORIZON)),
+                  drop)
+    return QdiscRow(ifindex=index, handle=handle, parent=parent, kind=kind, limit=limit, default_minor=default_minor,
+                    fq=fq)
 
 
 def htb_class(buf: bytes, m: Message) -> HtbClassRow | None:

@@ -5,7 +5,7 @@ sends (iproute2 ip/iplink.c): an ifinfomsg for the PF, then
 IFLA_VFINFO_LIST > IFLA_VF_INFO > IFLA_VF_RATE, ``struct ifla_vf_rate
 {u32 vf, min_tx_rate, max_tx_rate}`` in Mbit/s (include/uapi/linux/if_link.h),
 nests without NLA_F_NESTED, as iproute2 sends them. It is built with
-pyroute2's ifinfmsg and sent on the reconciler's pyroute2 writer, the same
+pyroute2's ifinfmsg and sent on the reconciler's writer (kernel/nlwriter.py), the same
 socket (and namespace) as the tc writes (kernel/tc.py); the bytes are
 checked against a capture of iproute2's (tests/unit/fixtures/vfrate/).
 

@@ -5,6 +5,15 @@
 (readiness probe). Both answer 200 or 503 with a one-line reason. Served
 from a daemon thread; a scrape never touches the kernel (collectors read
 snapshots).
+
+Read-only by construction: GET is the only method served; every other
+method (HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE, CONNECT or an
+invented one) is answered 405 with ``Allow: GET``, an unknown path 404, and
+no handler writes anything. With a web config file (``--web.config.file``,
+report/webconfig.py): TLS on the connection, and basic auth on /metrics
+(/healthz and /readyz stay open: the kubelet's probes carry no credentials,
+and they answer one line). A client gets ``CLIENT_TIMEOUT_S`` per request,
+so a stalled connection cannot keep a thread forever.
 """
 
 from __future__ import annotations
@@ -13,6 +22,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .. import log
+
+CLIENT_TIMEOUT_S = 10.0
+PROBE_PATHS = ("/healthz", "/readyz")
 
 
 def parse_address(addr: str) -> tuple[str, int]:
@@ -27,22 +41,54 @@ def parse_address(addr: str) -> tuple[str, int]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, addr, handler, metrics):
+    def __init__(self, addr, handler, metrics, web=None):
         import socket
 
         self.metrics = metrics
+        self.web = web  # report.webconfig.WebConfigSource, or None: plain HTTP, no auth
         if ":" in addr[0] or addr[0] == "":
             self.address_family = socket.AF_INET6  # "" binds [::] (dual-stack where allowed)
             addr = (addr[0] or "::", addr[1])
         super().__init__(addr, handler)
 
+    def finish_request(self, request, client_address):
+        """On the request's own thread: the TLS handshake (a slow client holds only its thread)."""
+        web, ctx = self.web.current() if self.web is not None else (None, None)
+        request.settimeout(CLIENT_TIMEOUT_S)
+        if ctx is not None:
+            import ssl
+
+            try:
+                request = ctx.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError):
+                return  # a failed handshake is the client's problem; nothing was served
+        self.RequestHandlerClass(request, client_address, self, web)
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    timeout = CLIENT_TIMEOUT_S
+
+    def __init__(self, request, client_address, server, web=None):
+        self.web = web
+        super().__init__(request, client_address, server)
+
+    def __getattr__(self, name: str):
+        # http.server looks up do_<METHOD>; every method but GET is refused the same way.
+        if name.startswith("do_"):
+            return self._refuse_method
+        raise AttributeError(name)
+
+    def _refuse_method(self) -> None:
+        self._send(405, b"read-only endpoint: only GET is served\n", extra={"Allow": "GET"})
 
     def do_GET(self):  # noqa: N802 - http.server's naming
         path = self.path.split("?", 1)[0]
         m = self.server.metrics
+        if self.web is not None and path not in PROBE_PATHS and not self.web.check_authorization(
+                self.headers.get("Authorization")):
+            self._send(401, b"unauthorized\n", extra={"WWW-Authenticate": 'Basic realm="shaperd"'})
+            return
         if path == "/metrics":
             self._send(200, m.exposition(), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
@@ -54,10 +100,12 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, b"try /metrics, /healthz or /readyz\n")
 
-    def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+    def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8", extra=None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
+        for k, v in {**(self.web.headers if self.web is not None else {}), **(extra or {})}.items():
+            self.send_header(k, v)
         self.end_headers()
         self.wfile.write(body)
 
@@ -66,15 +114,23 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class MetricsServer:
-    def __init__(self, address: str, metrics):
+    def __init__(self, address: str, metrics, web_config_file: str | None = None):
         host, port = parse_address(address)
+        web = None
+        if web_config_file:
+            from .webconfig import WebConfigSource
+
+            lg = log.get("shaperd.http")
+            web = WebConfigSource(web_config_file, on_error=lambda e: lg.error(
+                "web config rejected; keeping the last good one", error=str(e)))
+        self.scheme = "https" if web is not None and web.config.tls is not None else "http"
         try:
-            self.httpd = _Server((host, port), _Handler, metrics)
+            self.httpd = _Server((host, port), _Handler, metrics, web)
         except OSError:
             if host:
                 raise
             # ":PORT" on a node without IPv6: all IPv4 interfaces instead.
-            self.httpd = _Server(("0.0.0.0", port), _Handler, metrics)
+            self.httpd = _Server(("0.0.0.0", port), _Handler, metrics, web)
         self.address = self.httpd.server_address
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="shaperd-http", daemon=True)
 

@@ -65,7 +65,7 @@ def test_restart_adopts_through_pins_with_no_write(bed, cfg_file, pinfs, monkeyp
     first = open_node(caps, netns=bed.node)
     rep = first.apply(load_config(cfg_file))
     assert rep.ok and rep.changes > 0
-    store = bpf_pins.PinStore(pinfs, bpf_pins.scope_for(bed.node))
+    store = bpf_pins.PinStore(pinfs, bpf_pins.scope_for(bed.node)).sub("htb")
     assert store.entries() == ["up0"]
     assert sorted(p.name for p in store.path("up0").iterdir()) == sorted(
         ["prog"] + [f"map_{r}" for r in mapcls.ROLES])
@@ -125,7 +125,7 @@ def test_a_pin_that_is_not_the_attached_program_is_replaced_and_repinned(bed, cf
     caps = probe_capabilities(bpffs_root=str(pinfs))
     node = open_node(caps, netns=bed.node)
     assert node.apply(load_config(cfg_file)).ok
-    store = bpf_pins.PinStore(pinfs, bpf_pins.scope_for(bed.node))
+    store = bpf_pins.PinStore(pinfs, bpf_pins.scope_for(bed.node)).sub("htb")
     old = attached_prog_id(bed)
     _other_program(store, "up0", foreign_map_only, old)
 
@@ -151,7 +151,7 @@ def test_pins_of_a_vanished_device_and_a_crash_leftover_are_collected(bed, cfg_f
     caps = probe_capabilities(bpffs_root=str(pinfs))
     node = open_node(caps, netns=bed.node)
     assert node.apply(load_config(cfg_file)).ok
-    store = bpf_pins.PinStore(pinfs, bpf_pins.scope_for(bed.node))
+    store = bpf_pins.PinStore(pinfs, bpf_pins.scope_for(bed.node)).sub("htb")
     assert store.entries() == ["up0", "up2"]
     # What a crash in the middle of pinning leaves: a temporary entry holding a pin.
     with bpf_maps.create_map(bpf_maps.MAP_ARRAY, 4, 4, 1, "shpd_crash") as m:
@@ -179,6 +179,6 @@ def test_devices_with_dots_in_their_names_pin_under_an_escaped_entry(bed, cfg_fi
     cfg_file.write_text(CFG.replace("interfaces: [up0]", "interfaces: [up2.7]"))
     caps = probe_capabilities(bpffs_root=str(pinfs))
     assert open_node(caps, netns=bed.node).apply(load_config(cfg_file)).ok
-    store = bpf_pins.PinStore(pinfs, bpf_pins.scope_for(bed.node))
+    store = bpf_pins.PinStore(pinfs, bpf_pins.scope_for(bed.node)).sub("htb")
     assert store.entries() == ["up2.7"] and (store.base / "up2%2e7" / "prog").exists()
     assert open_node(caps, netns=bed.node).apply(load_config(cfg_file)).changes == 0

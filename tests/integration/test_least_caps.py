@@ -169,7 +169,7 @@ def test_run_with_net_admin_and_bpf_only_uses_the_map_classifier_and_a_restart_a
     changes = [r for r in first if r.get("event") == "kernel change"]
     assert any("attach bpf classifier" in r["change"] for r in changes), changes
     prog_id = _egress_prog_id(bed)
-    pins = pinfs / "shaperd" / "host" / "up0"  # `ip netns exec` without --netns: the agent's own scope
+    pins = pinfs / "shaperd" / "host" / "htb" / "up0"  # `ip netns exec` without --netns: scope "host"
     assert (pins / "prog").exists() and (pins / "map_src4").exists()
 
     second = _run_once(bed, cfg, pinfs, tmp_path, 2)  # a new process, still without CAP_SYS_ADMIN

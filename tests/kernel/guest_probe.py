@@ -27,6 +27,7 @@ from pathlib import Path
 
 VETH, PEER, RXE = "shrxa", "shrxb", "shrxe0"
 STEP_TIMEOUT_S = 120  # TCG is ~15x slower than the host; each step is still seconds
+EDT_TIMEOUT_S = 240  # the edt step boots nothing but runs ~8 s of traffic and a dozen helper processes
 STRACE = ["strace", "-f", "-e", "trace=socket,sendto,sendmsg,recvmsg", "-e", "write=all", "-e", "read=all", "-xx"]
 TENANTS = f"""\
 tenants:
@@ -37,19 +38,19 @@ tenants:
 """
 
 
-def run(argv: list[str]) -> dict:
+def run(argv: list[str], timeout_s: float = STEP_TIMEOUT_S) -> dict:
     """One step as an argument list, in its own process group, killed by group id at its deadline."""
     try:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     except OSError as e:
         return {"argv": argv, "rc": None, "stdout": "", "stderr": f"{type(e).__name__}: {e}"}
     try:
-        out, err = p.communicate(timeout=STEP_TIMEOUT_S)
+        out, err = p.communicate(timeout=timeout_s)
         return {"argv": argv, "rc": p.returncode, "stdout": out, "stderr": err}
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
-        return {"argv": argv, "rc": None, "stdout": out, "stderr": err + f"\nkilled after {STEP_TIMEOUT_S} s"}
+        return {"argv": argv, "rc": None, "stdout": out, "stderr": err + f"\nkilled after {timeout_s} s"}
 
 
 def plain(obj):
@@ -150,6 +151,10 @@ def main(outdir: str) -> int:
 
     steps["cleanup_rxe"] = run(["rdma", "link", "delete", RXE])
     steps["cleanup_veth"] = run(["ip", "link", "del", VETH])
+    # The edt data plane (issue 15): stamper cases, apply/resync, one isolation run (tests/kernel/edt_guest.py).
+    steps["edt"] = run([sys.executable, "-m", "tests.kernel.edt_guest", str(out_dir)], timeout_s=EDT_TIMEOUT_S)
+    edt_json = out_dir / "edt.json"
+    out["edt"] = json.loads(edt_json.read_text()) if edt_json.exists() else None
     (out_dir / "result.json").write_text(json.dumps(out, indent=1, sort_keys=True))
     return 0
 

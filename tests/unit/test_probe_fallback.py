@@ -13,10 +13,10 @@ from shaperd.kernel import bpf, bpf_classify, probe
 
 @pytest.fixture
 def no_netns(monkeypatch):
-    def refuse(name):
+    def refuse():
         raise PermissionError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(probe.netns, "create", refuse)
+    monkeypatch.setattr(probe, "unshare_netns", refuse)
 
 
 def procfs(tmp_path, qdisc: str | None):

@@ -43,7 +43,8 @@ class HtbBackend:
         self.writer = writer  # pyroute2 IPRoute, created by kernel.tc.open_writer in the node's namespace
         self.settings = settings
         self.take_over = take_over
-        self.pins = pins  # the map classifier is adopted through these bpffs pins (None: by id)
+        # The map classifier is adopted through these bpffs pins (None: by id); htb's own part of the scope.
+        self.pins = pins.sub("htb") if pins is not None else None
         # device -> "ebpf" | "u32", as of the last stats() (status, metrics, one log line per change).
         self.classifier_paths: dict[str, str] = {}
 

@@ -147,6 +147,8 @@ def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings(), ten
     plans: list[DevicePlan] = []
     skipped: list[str] = []
     for link in sorted(ten.uplinks, key=lambda l: l.name):
+        if ten.dataplanes.get(link.name, "htb") != "htb":
+            continue  # the edt backend plans it (tenancy.dataplanes); HTB's tree there is garbage
         dp, probs = plan_device(cfg, inv, link, ten.interfaces, settings, ten.pod_tenants, ten.marks, warnings)
         problems.extend(probs)
         if dp is not None:

@@ -223,7 +223,11 @@ class PodWatcher:
             try:
                 if need_list:
                     self._list(consistent)
-                    need_list, consistent, attempt = False, False, 0
+                    need_list, consistent = False, False
+                    if expired_in_a_row < 2:
+                        # A list that works ends an outage. Not in a 410 loop, though (every
+                        # watch after a good list expires at once): there the delays keep climbing.
+                        attempt = 0
                 if self._watch_once():
                     attempt = expired_in_a_row = 0
                     continue

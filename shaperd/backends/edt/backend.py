@@ -1,0 +1,152 @@
+"""The edt backend: the protocol's six steps for mq + sch_fq + the stamper on each edt uplink.
+
+Owns the root qdisc 7365: (mq, or sch_fq on a single-queue device), the
+sch_fq under each mq class, and its stamper filter on clsact egress (prio
+PRIO_STAMPER). Shares clsact with the map classifier and others (adds it,
+never removes it). Plans only the devices tenancy.dataplanes gives to edt;
+the rates inside the stamper's maps are the rate controller's
+(shaperd/engine/edt_loop.py), not the reconcile's, so a resync never resets them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...errors import KernelError
+from ...inventory import Capabilities, Inventory
+from ...kernel import bpf_classify, bpf_pins, tc
+from ...kernel.rtnl_rows import TC_H_ROOT
+from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
+from ..htb.mapcls import UnpinMapClassifier
+from ..marks.objects import TC_H_CLSACT
+from .diff import diff_device, diff_teardown
+from .objects import EDT_MAJOR, PRIO_STAMPER, ROOT_HANDLE, EdtDeviceState, FqQdisc
+from .plan import EdtPlan, plan
+from .select import edt_missing
+
+TC_H_EGRESS_PARENT = 0xFFFFFFF3  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_EGRESS)
+
+
+@dataclass
+class EdtObserved:
+    devices: dict[int, EdtDeviceState] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+    # Entries under edt's part of the bpffs pin scope; None without pins or unreadable.
+    pin_entries: list[str] | None = None
+
+
+def device_states(reads, inv: Inventory, pins: bpf_pins.PinStore | None = None) -> EdtObserved:
+    """Each link's root, edt's sch_fq children, clsact, and the stamper filter where clsact exists."""
+    qdiscs = reads.all_qdiscs()
+    out = EdtObserved()
+    by_idx = {l.ifindex: EdtDeviceState(l.name, l.ifindex) for l in inv.links}
+    for q in qdiscs:
+        st = by_idx.get(q.ifindex)
+        if st is None:
+            continue
+        if q.parent == TC_H_ROOT:
+            st.root_kind, st.root_handle = q.kind, q.handle
+        elif q.kind == "clsact" and q.parent == TC_H_CLSACT:
+            st.clsact = True
+        if q.kind == "fq" and q.fq is not None and (q.parent == TC_H_ROOT or q.parent >> 16 == EDT_MAJOR):
+            limit, flow, horizon_us, drop = q.fq
+            st.fqs[q.parent] = FqQdisc(q.parent, q.handle, limit, flow, horizon_us, bool(drop))
+    for st in by_idx.values():
+        if not st.owned:
+            st.fqs = {}
+        if not st.clsact:
+            continue
+        try:
+            rows = reads.filters(st.ifindex, TC_H_EGRESS_PARENT, st.device)
+            for f in rows:
+                if f.kind == "bpf" and f.prio == PRIO_STAMPER:
+                    st.stamper_name, st.stamper_prog_id = f.name, f.prog_id
+            st.map_classifier = bpf_classify.observe(rows, st.device, pins)
+        except KernelError as e:
+            out.errors[st.ifindex] = str(e)
+    out.devices = by_idx
+    return out
+
+
+class EdtBackend:
+    name = "edt"
+
+    def __init__(self, writer, take_over: bool = False, pins: bpf_pins.PinStore | None = None):
+        self.writer = writer
+        self.take_over = take_over
+        # The map classifier on edt uplinks is adopted through these bpffs pins (None: by id).
+        self.pins = pins.sub("edt") if pins is not None else None
+
+    def probe(self, caps: Capabilities) -> Support:
+        missing = edt_missing(caps)
+        if missing:
+            # Enabled anyway: it plans nothing (tenancy gives every uplink to htb) but still removes its own state.
+            return Support(True, (f"edt unavailable: {', '.join(missing)}",))
+        return Support(True)
+
+    def plan(self, ctx: PlanInput) -> EdtPlan:
+        return plan(ctx.config, ctx.inventory, ctx.tenancy, self.take_over)
+
+    def observe(self, reads, inv: Inventory) -> EdtObserved:
+        out = device_states(reads, inv, self.pins)
+        if self.pins is not None:
+            try:
+                out.pin_entries = self.pins.entries()
+            except bpf_pins.PinError:
+                pass  # not collected this time; the classifier itself was read (or not) above
+        return out
+
+    def _unpin(self, observed: EdtObserved, keep: set[str], why: str) -> list[TargetDiff]:
+        return [TargetDiff(f"{name} (bpffs pins)", ops=[UnpinMapClassifier(device=name, ifindex=0, reason=why)])
+                for name in observed.pin_entries or () if name not in keep]
+
+    def diff(self, desired: EdtPlan, observed: EdtObserved) -> list[TargetDiff]:
+        out = []
+        for dp in desired.devices:
+            if dp.ifindex in observed.errors:
+                out.append(TargetDiff(dp.device, error=observed.errors[dp.ifindex]))
+                continue
+            st = observed.devices.get(dp.ifindex)
+            if st is None:
+                out.append(TargetDiff(dp.device, error=f"read device {dp.device}: it is gone"))
+                continue
+            out.append(diff_device(dp, st, desired.take_over))
+        keep = {dp.device for dp in desired.devices} | set(desired.skipped)
+        for st in sorted(observed.devices.values(), key=lambda s: s.ifindex):
+            if st.device in keep or not (st.owned or st.stamper_name):
+                continue
+            # HTB takes a device back by replacing the root itself; edt removes only its stamper there.
+            td = diff_teardown(st, keep_root=st.device in desired.htb_devices,
+                               reason="device no longer on the edt data plane")
+            if td.ops:
+                out.append(td)
+        keep_pins = {dp.device for dp in desired.devices if dp.map_classifier is not None} | set(desired.skipped)
+        out.extend(self._unpin(observed, keep_pins, "no edt device with the eBPF map classifier by that name"))
+        return out
+
+    def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
+        # tc objects first (root, clsact, stamper), then the map classifier's writes (as the htb backend does).
+        tc_ops = [op for op in diff.ops if not bpf_classify.is_classifier_op(op)]
+        cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
+        result = tc.apply_ops(self.writer, tc_ops, batch=batch)
+        if cls_ops and not result.batch_failed:
+            more = bpf_classify.apply_ops(self.writer, cls_ops, self.pins)
+            result.applied.extend(more.applied)
+            result.failed.extend(more.failed)
+        return result
+
+    def teardown(self, observed: EdtObserved) -> list[TargetDiff]:
+        return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
+                if (d := diff_teardown(st)).ops] + self._unpin(observed, set(), "teardown")
+
+    def render(self, desired: EdtPlan) -> str:
+        from .render import render
+
+        return render(desired)
+
+    def stats(self, desired: EdtPlan) -> BackendStats:
+        # The per-tenant counters of edt live in the stamper's maps (edt_loop reads them), not in tc classes.
+        return BackendStats(devices=tuple(dp.device for dp in desired.devices))
+
+
+__all__ = ["EdtBackend", "EdtObserved", "ROOT_HANDLE", "device_states"]

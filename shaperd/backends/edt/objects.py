@@ -1,0 +1,111 @@
+"""The edt backend's objects, as plain data: root mq, sch_fq per TX queue, clsact, the stamper filter.
+
+Desired (planner) and observed (kernel reader) state use the same types, so
+the diff compares like with like. Also the stamper's map layout constants
+shared by the kernel side (kernel/edt_prog.py) and the controller. Pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ..htb.objects import DEFAULT_CLASS_MINOR
+
+# Root handle major "se": fixed, so ownership shows in a dump alone (HTB's is "sh", 7368).
+EDT_MAJOR = 0x7365
+ROOT_HANDLE = EDT_MAJOR << 16
+# sch_fq under mq class 7365:<q> gets handle <FQ_MAJOR_BASE + q>: unique majors per device.
+FQ_MAJOR_BASE = 0x8000
+# The stamper on clsact egress runs after the map classifier (which wt-cls attaches at a lower prio).
+PRIO_STAMPER = 0xC000
+STAMPER_HANDLE = 1
+# Map keys are class minors; traffic of no tenant is counted and paced under the default class's minor.
+DEFAULT_KEY = DEFAULT_CLASS_MINOR
+KEY_SPACE = 1 << 16
+STATS_MAX_ENTRIES = 4096
+
+
+def stamper_name(horizon_ns: int) -> str:
+    """'shpe_' + 10 hex of the program's version and parameters: BPF_OBJ_NAME_LEN, and the filter's TCA_BPF_NAME.
+
+    A new program version or horizon gives a new name, so the diff re-attaches."""
+    h = hashlib.sha256(b"shaperd-edt-stamper-v1\0" + struct.pack("<Q", horizon_ns)).hexdigest()[:10]
+    return "shpe_" + h
+
+
+class Stats(NamedTuple):
+    """One key's per-CPU counters summed: what the stamper passed and dropped."""
+
+    bytes: int
+    packets: int
+    dropped: int
+
+
+@dataclass(frozen=True)
+class FqQdisc:
+    """sch_fq on one TX queue (parent 7365:<q>) or at the root of a single-queue device (parent root)."""
+
+    parent: int
+    handle: int
+    limit_packets: int
+    flow_limit_packets: int
+    horizon_us: int
+    horizon_drop: bool = True
+
+
+@dataclass(frozen=True)
+class Stamper:
+    """The stamper filter: identified by its program name (which encodes its parameters)."""
+
+    name: str
+    horizon_ns: int
+    prio: int = PRIO_STAMPER
+
+
+@dataclass(frozen=True)
+class EdtShareSpec:
+    """What the controller needs about one key on one device (labels for status too)."""
+
+    key: int
+    tenant: str | None
+    guarantee_bps: int
+    limit_bps: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class EdtDevicePlan:
+    device: str
+    ifindex: int
+    capacity_bps: int
+    tx_queues: int
+    root_kind: str  # "mq" (several TX queues) or "fq" (one)
+    fqs: tuple[FqQdisc, ...]
+    stamper: Stamper
+    shares: tuple[EdtShareSpec, ...] = ()
+    tenant_keys: dict[str, int] = field(default_factory=dict, compare=False)
+    # The eBPF map classifier (backends/htb/mapcls.py) that writes the tenant's class id into skb->priority,
+    # planned exactly as on an htb uplink; None where the kernel has no eBPF maps (then only SO_PRIORITY works).
+    map_classifier: object | None = None
+
+
+@dataclass
+class EdtDeviceState:
+    """What the kernel holds on one device, as far as the edt backend cares."""
+
+    device: str
+    ifindex: int
+    root_kind: str | None = None
+    root_handle: int = 0
+    fqs: dict[int, FqQdisc] = field(default_factory=dict)  # by parent
+    clsact: bool = False
+    stamper_name: str | None = None
+    stamper_prog_id: int = 0
+    map_classifier: object | None = None  # kernel/bpf_classify.py ObservedMapClassifier
+
+    @property
+    def owned(self) -> bool:
+        return self.root_handle == ROOT_HANDLE and self.root_kind in ("mq", "fq")

@@ -1,0 +1,169 @@
+"""The edt backend's pure planner: (config, inventory, tenancy) -> mq + sch_fq + stamper per edt uplink.
+
+Owns every decision about what the edt data plane holds: which uplinks
+(those tenancy.dataplanes gives to edt), the root (mq with one sch_fq per TX
+queue; sch_fq alone on a single-queue device), how sch_fq and the stamper's
+horizon are sized for the rates, and what the rate controller is told about
+each tenant (its map key = its HTB class minor, the id the map classifier
+writes into skb->priority). No I/O.
+
+Sizing (README, "EDT data plane"):
+
+- stamper horizon H = 100 ms: a packet finding its tenant's backlog (clock
+  - now) beyond H is dropped by the stamper, so H is each tenant's queue
+  limit in time, and also how long packets stamped at an old rate keep
+  leaving after the controller lowered it (the first QEMU runs with a 2 s
+  horizon let a tenant overshoot its new rate for seconds). H covers five
+  controller steps of 20 ms and a descheduled sender;
+- sch_fq horizon = 1.25 x (H + one 64 KiB GSO packet at the smallest
+  guaranteed rate), at most 10 s (fq's default), with horizon_drop: a
+  backstop only (a slow tenant's one large packet may be stamped beyond H),
+  so fq never drops what the stamper admitted;
+- sch_fq flow_limit = clamp(256-byte packets the fastest tenant's limit
+  sends in H, 100, 10000) and limit = clamp(256-byte packets the queue's
+  share of capacity sends in H, 10000, 100000): one flow may hold what the
+  stamper admitted even in small packets (sized for full frames, 64-byte
+  datagrams overflowed the flow limit in the QEMU CPU run), and a queue's
+  memory stays bounded (100000 packets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ...config import Config, check_guarantee_sum, default_reserve_bps
+from ...errors import ConfigProblem
+from ...inventory import Inventory, Link
+from ...tenancy import Tenancy
+from ...units import format_rate
+from ..htb.plan import ETH_HLEN, GSO_MAX_BYTES, LINK_SPEED_USABLE
+from ..ids import assign_minors
+from . import controller
+from .objects import (
+    DEFAULT_KEY, FQ_MAJOR_BASE, ROOT_HANDLE, EdtDevicePlan, EdtShareSpec, FqQdisc, Stamper, stamper_name,
+)
+
+STAMPER_HORIZON_NS = 100_000_000
+FQ_HORIZON_MAX_NS = 10_000_000_000
+FQ_HORIZON_MARGIN = (5, 4)
+FLOW_LIMIT_RANGE = (100, 10_000)
+SIZING_PACKET_BYTES = 256
+QUEUE_LIMIT_RANGE = (10_000, 100_000)
+
+
+@dataclass(frozen=True)
+class EdtPlan:
+    devices: tuple[EdtDevicePlan, ...] = ()
+    problems: tuple[ConfigProblem, ...] = ()
+    warnings: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    # Uplinks HTB plans now: where an edt root is found there, HTB replaces it (edt only removes its stamper).
+    htb_devices: tuple[str, ...] = ()
+    take_over: bool = False
+    tenant_keys: dict[str, int] = field(default_factory=dict, compare=False)
+
+    def device(self, name: str) -> EdtDevicePlan | None:
+        return next((d for d in self.devices if d.device == name), None)
+
+
+def _clamp(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, v))
+
+
+def fq_horizon_ns(h_ns: int, min_rate_bps: int) -> int:
+    one_gso_ns = GSO_MAX_BYTES * 8 * 1_000_000_000 // max(min_rate_bps, 1)
+    return min(FQ_HORIZON_MAX_NS, (h_ns + one_gso_ns) * FQ_HORIZON_MARGIN[0] // FQ_HORIZON_MARGIN[1])
+
+
+def fq_sizing(capacity_bps: int, tx_queues: int, max_limit_bps: int, h_ns: int, mtu: int,
+              min_rate_bps: int) -> tuple[int, int, int]:
+    """(limit, flow_limit, horizon_us) for each sch_fq (see the module docstring)."""
+    frame_bits = SIZING_PACKET_BYTES * 8
+    flow = _clamp(-(-max_limit_bps * h_ns // (1_000_000_000 * frame_bits)), *FLOW_LIMIT_RANGE)
+    per_queue = capacity_bps // max(tx_queues, 1)
+    limit = _clamp(-(-per_queue * h_ns // (1_000_000_000 * frame_bits)), *QUEUE_LIMIT_RANGE)
+    return limit, flow, fq_horizon_ns(h_ns, min_rate_bps) // 1000
+
+
+def plan(cfg: Config, inv: Inventory, ten: Tenancy, take_over: bool = False) -> EdtPlan:
+    problems: list[ConfigProblem] = []
+    warnings: list[str] = []
+    devices: list[EdtDevicePlan] = []
+    skipped: list[str] = []
+    minors = assign_minors([t.name for t in cfg.tenants])
+    for link in sorted(ten.uplinks, key=lambda l: l.name):
+        if ten.dataplanes.get(link.name) != "edt":
+            continue
+        dp, probs = plan_device(cfg, link, minors)
+        problems.extend(probs)
+        if dp is None:
+            skipped.append(link.name)
+        else:
+            devices.append(replace(dp, map_classifier=_map_classifier(cfg, inv, link, ten, warnings)))
+    htb = tuple(sorted(l.name for l in ten.uplinks if ten.dataplanes.get(l.name, "htb") == "htb"))
+    return EdtPlan(tuple(devices), tuple(problems), tuple(warnings), tuple(skipped), htb, take_over or cfg.node.take_over,
+                   {t.name: minors[t.name] for t in cfg.tenants})
+
+
+def _map_classifier(cfg: Config, inv: Inventory, link: Link, ten: Tenancy, warnings: list[str]):
+    """The map classifier HTB would put on this uplink (same tenants, same class ids), or None without eBPF maps."""
+    if not inv.capabilities.bpf_maps:
+        return None
+    from ..htb.plan import HtbSettings, plan_device as htb_plan_device
+
+    dp, _ = htb_plan_device(cfg, inv, link, ten.interfaces, HtbSettings(), ten.pod_tenants, ten.marks, warnings)
+    return getattr(dp, "map_classifier", None)
+
+
+def plan_device(cfg: Config, link: Link, minors: dict[str, int]) -> tuple[EdtDevicePlan | None, list[ConfigProblem]]:
+    problems: list[ConfigProblem] = []
+
+    def bad(path: str, msg: str) -> None:
+        problems.append(ConfigProblem(path, f"{msg} (device {link.name}, dataplane edt)"))
+
+    capacity = cfg.node.capacity_bps
+    if capacity is None and link.speed_bps:
+        capacity = link.speed_bps * LINK_SPEED_USABLE[0] // LINK_SPEED_USABLE[1]
+    if capacity is None:
+        bad("node.capacity", f"required: the kernel reports no link speed for {link.kind or 'this'} device {link.name}")
+        return None, problems
+    for i, t in enumerate(cfg.tenants):
+        if t.limit_bps is not None and t.limit_bps > capacity:
+            bad(f"tenants[{i}].bandwidthLimit", f"limit {format_rate(t.limit_bps)} is above capacity {format_rate(capacity)}")
+    check_guarantee_sum(capacity, cfg.node.reserve_bps, cfg.tenants, bad, where="capacity")
+    if problems:
+        return None, problems
+    reserve = cfg.node.reserve_bps if cfg.node.reserve_bps is not None else default_reserve_bps(capacity)
+    lowest = min((t.priority for t in cfg.tenants), default=0) - 1
+    shares = [EdtShareSpec(DEFAULT_KEY, None, reserve, capacity, lowest)]
+    for t in sorted(cfg.tenants, key=lambda t: minors[t.name]):
+        shares.append(EdtShareSpec(minors[t.name], t.name, t.guarantee_bps,
+                                   t.limit_bps if t.limit_bps is not None else capacity, t.priority))
+    floors = [s.guarantee_bps for s in shares if s.guarantee_bps > 0] or [capacity]
+    h = STAMPER_HORIZON_NS
+    limit, flow, h_us = fq_sizing(capacity, link.tx_queues, max(s.limit_bps for s in shares), h, link.mtu,
+                                  min(floors))
+    if link.tx_queues > 1:
+        kind = "mq"
+        fqs = tuple(FqQdisc(parent=ROOT_HANDLE | q, handle=(FQ_MAJOR_BASE + q) << 16, limit_packets=limit,
+                            flow_limit_packets=flow, horizon_us=h_us) for q in range(1, link.tx_queues + 1))
+    else:
+        kind = "fq"
+        fqs = (FqQdisc(parent=0xFFFFFFFF, handle=ROOT_HANDLE, limit_packets=limit, flow_limit_packets=flow,
+                       horizon_us=h_us),)
+    return EdtDevicePlan(
+        device=link.name, ifindex=link.ifindex, capacity_bps=capacity, tx_queues=link.tx_queues, root_kind=kind,
+        fqs=fqs, stamper=Stamper(stamper_name(h), h), shares=tuple(shares),
+        tenant_keys={t.name: minors[t.name] for t in cfg.tenants},
+    ), []
+
+
+def controller_shares(dp: EdtDevicePlan) -> list[controller.Share]:
+    return [controller.Share(s.key, s.guarantee_bps, s.limit_bps, s.priority) for s in dp.shares]
+
+
+def initial_q16(dp: EdtDevicePlan) -> tuple[tuple[int, int], ...]:
+    """The first rates (before the controller's first step): everyone may take everything, by priority."""
+    shares = controller_shares(dp)
+    alloc = controller.allocate(dp.capacity_bps, shares, {s.key: s.limit_bps for s in shares})
+    return tuple(sorted((k, controller.ns_per_byte_q16(r)) for k, r in controller.rates(shares, alloc).items()))

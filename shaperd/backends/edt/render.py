@@ -1,0 +1,36 @@
+"""The edt plan as the equivalent ``tc`` command lines, for ``shaperd plan``. Pure.
+
+The stamper has no tc equivalent (shaperd builds its bytecode and maps): it is
+shown as a comment with its parameters and the first rate per tenant.
+"""
+
+from __future__ import annotations
+
+from ...units import format_rate
+from ..htb.objects import fmt_handle
+from .plan import EdtPlan, initial_q16
+
+
+def _fq(fq) -> str:
+    return (f"fq limit {fq.limit_packets} flow_limit {fq.flow_limit_packets} horizon {fq.horizon_us}us "
+            f"{'horizon_drop' if fq.horizon_drop else 'horizon_cap'}")
+
+
+def render(p: EdtPlan) -> str:
+    lines = []
+    for dp in p.devices:
+        lines.append(f"# edt on {dp.device} (capacity {format_rate(dp.capacity_bps)}, {dp.tx_queues} TX queues)")
+        if dp.root_kind == "mq":
+            lines.append(f"tc qdisc replace dev {dp.device} root handle {fmt_handle(dp.fqs[0].parent & 0xFFFF0000)} mq")
+            for fq in dp.fqs:
+                lines.append(f"tc qdisc replace dev {dp.device} parent {fmt_handle(fq.parent)} "
+                             f"handle {fmt_handle(fq.handle)} {_fq(fq)}")
+        else:
+            lines.append(f"tc qdisc replace dev {dp.device} root handle {fmt_handle(dp.fqs[0].handle)} {_fq(dp.fqs[0])}")
+        lines.append(f"tc qdisc add dev {dp.device} clsact  # if missing; shared, never removed")
+        names = {s.key: s.tenant or "(no tenant)" for s in dp.shares}
+        first = ", ".join(f"{names.get(k, k)} {8_000_000_000 * 65536 // q // 1_000_000} Mbit/s"
+                          for k, q in initial_q16(dp))
+        lines.append(f"# edt stamper {dp.stamper.name} on clsact egress prio {dp.stamper.prio} (direct-action), "
+                     f"horizon {dp.stamper.horizon_ns // 1_000_000} ms; first rates {first}; then the rate controller")
+    return "\n".join(lines) + ("\n" if lines else "")

@@ -1,0 +1,53 @@
+"""Prometheus series for the edt data plane: per tenant and device, the rate the controller wrote and what it measured.
+
+Reads the daemon's rate loop (engine/edt_loop.py ``EdtLoop.snapshot``), never
+the kernel:
+
+- ``shaperd_tenant_edt_rate_bytes_per_second{tenant,device}``: the departure
+  rate in the stamper's map (guarantee headroom included);
+- ``shaperd_tenant_edt_measured_bytes_per_second{tenant,device}``: what the
+  stamper passed over the controller's last window;
+- ``shaperd_edt_device_controlled{device}``: 1 while the loop steps the
+  device, 0 while its maps cannot be read (the error is in the log).
+
+Values are bytes per second (Prometheus base units), the loop's bit/s divided by 8.
+Traffic of no tenant appears as tenant ``(none)``. No loop (no uplink on the
+edt data plane): no series. ``install`` adds the collector to a
+``report.metrics.Metrics``; nothing else there knows about edt.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class EdtCollector(Collector):
+    def __init__(self, loop_source):
+        self.loop_source = loop_source  # () -> EdtLoop | None (the daemon starts it on first use)
+
+    def collect(self):
+        rate = GaugeMetricFamily("shaperd_tenant_edt_rate_bytes_per_second",
+                                 "Departure rate the edt controller wrote for the tenant", labels=["tenant", "device"])
+        seen = GaugeMetricFamily("shaperd_tenant_edt_measured_bytes_per_second",
+                                 "What the edt stamper passed for the tenant over the controller's window",
+                                 labels=["tenant", "device"])
+        ok = GaugeMetricFamily("shaperd_edt_device_controlled",
+                               "1 while the edt rate controller steps the device, 0 while its maps cannot be read",
+                               labels=["device"])
+        loop = self.loop_source()
+        if loop is not None:
+            devices = set()
+            for dev, tenant, _key, r, m in loop.snapshot():
+                devices.add(dev)
+                rate.add_metric([tenant or "(none)", dev], r / 8)  # the loop works in bit/s; base unit bytes
+                seen.add_metric([tenant or "(none)", dev], m / 8)
+            for dev in sorted(devices | set(loop.errors)):
+                ok.add_metric([dev], 0 if dev in loop.errors else 1)
+        yield rate
+        yield seen
+        yield ok
+
+
+def install(metrics, loop_source) -> None:
+    metrics.collectors.collectors["edt"] = EdtCollector(loop_source)

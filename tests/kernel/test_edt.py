@@ -1,0 +1,65 @@
+"""The edt data plane on Debian's 6.1 kernel (sch_fq, mq, BPF_ATOMIC cmpxchg), from the tier's one boot.
+
+The guest ran tests/kernel/edt_guest.py: the stamper's crafted cases with
+BPF_PROG_TEST_RUN (the same expectations as on the host), shaperd's apply
+and resync of an edt uplink (a veth with 4 TX queues), and one isolation run.
+Throughput under TCG depends on the machine's load, so the isolation checks
+here are the ones slowness cannot fake: a limit is never exceeded, and the
+higher priority gets the spare. The measured targets are bench/edt_qemu.py's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import edt_cases
+
+from .edt_guest import BRONZE, CAPACITY_MBIT, TX_QUEUES
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture(scope="module")
+def edt(guest):
+    r = guest.result.get("edt")
+    assert r is not None, guest.step("edt")
+    assert not r.get("errors"), r.get("errors")
+    return r
+
+
+def test_the_stamper_stamps_exactly_on_debians_kernel(edt):
+    assert edt["uname"].startswith("6.1")
+    assert edt_cases.problems(edt["cases"]) == []
+
+
+def test_apply_builds_mq_with_fq_per_queue_and_the_stamper_and_a_resync_writes_nothing(edt):
+    a = edt["apply_edt_0"]
+    assert a["fq"] and a["mq"], a["capabilities"]
+    assert not (a["first_failed"] or a["errors"] or a["problems"]), a
+    assert a["first"][0].startswith("set root mq qdisc 7365: on edt0")
+    assert sum(d.startswith("set fq qdisc ") for d in a["first"]) == TX_QUEUES
+    assert any(d.startswith("set edt stamper shpe_") for d in a["first"])
+    assert a["resync_changes"] == 0
+    assert a["tc_qdisc"].count("horizon_drop") == TX_QUEUES and "qdisc mq 7365: root" in a["tc_qdisc"]
+    assert "direct-action" in a["tc_filter"] and "pref 49152" in a["tc_filter"]
+
+
+def test_isolation_the_limit_holds_and_priority_borrows(edt):
+    iso = edt["isolation_edt_0"]
+    limit = BRONZE["limit"] * CAPACITY_MBIT
+    assert iso["bronze_alone_mbit"] <= limit * 1.03, iso
+    assert iso["bronze_alone_mbit"] > 0 and iso["gold_mbit"] > iso["bronze_both_mbit"], iso
+    assert iso["gold_mbit"] + iso["bronze_both_mbit"] <= CAPACITY_MBIT * 1.03, iso
+
+
+def test_moving_between_htb_and_edt_and_tearing_down_leaves_only_what_each_step_wants(edt):
+    sw = edt["switch"]
+    for step in ("htb", "to_edt", "back_to_htb"):
+        assert not (sw[step]["failed"] or sw[step]["errors"]), (step, sw[step])
+        assert sw[step]["resync_changes"] == 0, (step, sw[step])
+    assert "qdisc mq 7365: root" in sw["to_edt"]["tc"] and "htb 7368:" not in sw["to_edt"]["tc"]
+    back = sw["back_to_htb"]
+    assert "qdisc htb 7368: root" in back["tc"] and "shpe_" not in back["tc"] and "7365:" not in back["tc"]
+    assert any(w.startswith("delete edt stamper") for w in back["writes"]), back["writes"]
+    down = sw["teardown"]
+    assert not down["failed"] and "7368:" not in down["tc"] and "7365:" not in down["tc"], down
