@@ -8,7 +8,7 @@ program fd -> map ids -> map fds), reading the maps, and executing the
 classifier operations (one bpf() write per map changed).
 
 Adoption, in this order of preference (the probe picks one): through bpffs
-pins (kernel/bpf_pins.py: ``<root>/shaperd/<scope>/<device>/{prog,map_<role>}``,
+pins (kernel/bpf_pins.py: ``<root>/shaperd/<scope>/<backend>/<device>/{prog,map_<role>}``,
 CAP_BPF and file permissions suffice), accepted only if the pinned program's
 id equals the TCA_BPF_ID in the filter dump and every pinned map is one of
 that program's maps, else the classifier is replaced and re-pinned; or by id
