@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=14)
     ap.add_argument("--tenants", type=int, default=40)
     ap.add_argument("--prefixes", type=int, default=50, help="/32 prefixes per tenant")
+    ap.add_argument("--classifier", choices=["u32", "ebpf"], default="u32",
+                    help="u32 pins the u32 path; ebpf is the default path (map entries compared too)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     load_before = Path("/proc/loadavg").read_text().strip()
     with tempfile.TemporaryDirectory(prefix="shaperd-kill-") as work:
-        bed = KillBed(f"shk{os.getpid() % 100000}", Path(work), a.tenants, a.prefixes)
+        bed = KillBed(f"shk{os.getpid() % 100000}", Path(work), a.tenants, a.prefixes, classifier=a.classifier)
         try:
             bed.build()
             first_s, change_s = bed.measure()

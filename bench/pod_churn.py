@@ -129,10 +129,9 @@ def daemon_child(argv: list[str]) -> int:
 
     for mod in ("shaperd.engine.daemon", "shaperd.engine.reconciler", "shaperd.discovery.kubernetes", "shaperd.kernel.events",
                 "shaperd.kernel.bpf", "shaperd.kernel.rtnl", "shaperd.kernel.probe", "shaperd.report.metrics",
-                "shaperd.report.http", "shaperd.report.sampler", "kubernetes.client", "kubernetes.watch",
-                "prometheus_client"):
+                "shaperd.report.http", "shaperd.report.sampler", "shaperd.discovery.kubernetes.transport",
+                "shaperd.discovery.kubernetes.watchstream", "prometheus_client"):
         importlib.import_module(mod)
-    from kubernetes.client import ApiClient, Configuration, CoreV1Api  # noqa: F401  (lazy: pydantic models)
 
     if frames > 0:
         tracemalloc.start(frames)

@@ -1,4 +1,4 @@
-"""A fake Kubernetes API server for pods: enough of list and watch for the official client.
+"""A fake Kubernetes API server for pods: enough of list and watch for shaperd's client.
 
 It speaks HTTP/1.1 on 127.0.0.1 (random port, no auth) like the real server:
 ``GET /api/v1/pods`` with ``fieldSelector=spec.nodeName=...`` returns a
@@ -11,12 +11,13 @@ pods on other nodes, so bookmarks carry versions no pod event had.
 
 Test hooks: add/modify/delete pods, unrelated writes, bookmarks, compaction,
 drop every watch, hang (stop answering), inject garbage lines or raw events,
-go down and come back on the same port. Faults (issue 14): ``delay_s``
+go down and come back on the same port, demand a bearer token (``token``: a request
+without it gets a 401). Faults (issue 14): ``delay_s``
 (every answer that late), ``fail_status`` (every request answered with that
 HTTP status, e.g. 500), ``gone_loop`` (every watch answered 410, so every
 relist is followed by another 410), ``truncate_watches`` (every watch sends
 half an event line and is cut). ``requests`` logs what every client
-asked for. ``write_kubeconfig`` points the client library at it.
+asked for. ``write_kubeconfig`` points a client at it.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class FakeKubeAPI:
         self.drop_gen = 0
         self.up_gen = 0
         self.requests: list[dict] = []
+        # When set, every request must carry "Authorization: Bearer <token>" or gets a 401 Status.
+        self.token: str | None = None
         # Other collections (ConfigMaps, CRDs such as Volcano's): path -> key -> object; an unregistered
         # path answers 404, like an API group that is not installed.
         self.objects: dict[str, dict[str, dict]] = {}
@@ -330,7 +333,9 @@ class _Handler(BaseHTTPRequestHandler):
         sel = q.get("fieldSelector", "")
         with fake._cond:
             fake.requests.append({"path": url.path, "query": q, "watch": watch,
-                                  "resourceVersion": q.get("resourceVersion"), "time": time.monotonic()})
+                                  "resourceVersion": q.get("resourceVersion"), "time": time.monotonic(),
+                                  "authorization": self.headers.get("Authorization")})
+            token = fake.token
             gen = fake.up_gen
             while fake.hanging and fake.running and fake.up_gen == gen:
                 fake._cond.wait(0.1)
@@ -348,6 +353,8 @@ class _Handler(BaseHTTPRequestHandler):
         if fail is not None:
             return self._json(fail, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": fail,
                                      "reason": "InternalError", "message": "injected fault"})
+        if token is not None and self.headers.get("Authorization") != f"Bearer {token}":
+            return self._json(401, {"kind": "Status", "code": 401, "reason": "Unauthorized", "message": "Unauthorized"})
         if url.path in fake.objects:
             return fake._serve_objects(self, url.path, q, watch)
         if url.path != "/api/v1/pods":

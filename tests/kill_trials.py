@@ -38,8 +38,8 @@ from shaperd_bed import netns
 from .tc_state import snapshot
 
 PY = sys.executable
-# The u32 path: the write path these trials exercise, and one whose whole state is tc objects that the
-# snapshot compares (the eBPF map classifier's entries live in bpf maps, which it does not read).
+# classifier "u32" pins the u32 path (its whole state is tc objects); "ebpf" is the default path, whose
+# map entries the snapshot reads too (tests/tc_state.py).
 U32 = ["env", "SHAPERD_CLASSIFIER=u32"]
 CONVERGE_DEADLINE_S = 90.0
 NODE_SRC, PEER_DST = "198.18.0.1", "198.18.0.2"
@@ -95,7 +95,9 @@ class Trial:
 class KillBed:
     """A node namespace with uplink up0 to a peer, a reference namespace, and the daemon's files."""
 
-    def __init__(self, tag: str, workdir: Path, tenants: int = 20, prefixes_each: int = 50):
+    def __init__(self, tag: str, workdir: Path, tenants: int = 20, prefixes_each: int = 50,
+                 classifier: str = "u32"):
+        self.env = U32 if classifier == "u32" else ["env", "SHAPERD_CLASSIFIER="]
         self.nets = netns.Namespaces(stop_grace_s=0)
         self.node, self.peer, self.ref = f"{tag}-node", f"{tag}-peer", f"{tag}-ref"
         self.work = workdir
@@ -125,7 +127,7 @@ class KillBed:
         netns.run(["tc", "qdisc", "del", "dev", "up0", "root"], self.ref, check=False)
         path = self.work / "ref.yaml"
         path.write_text(json.dumps(cfg))
-        netns.run([*U32, PY, "-m", "shaperd", "apply", "--config", str(path)], self.ref, timeout=300)
+        netns.run([*self.env, PY, "-m", "shaperd", "apply", "--config", str(path)], self.ref, timeout=300)
         return snapshot(self.ref_reader, self._ifindex(self.ref_reader), "up0")
 
     @staticmethod
@@ -143,7 +145,7 @@ class KillBed:
     def start_daemon(self) -> subprocess.Popen:
         self.logs += 1
         log = open(self.work / f"daemon-{self.logs}.log", "w")
-        self.daemon = self.nets.spawn([*U32, PY, "-m", "shaperd", "--log-json", "run", "--config", str(self.cfg_path),
+        self.daemon = self.nets.spawn([*self.env, PY, "-m", "shaperd", "--log-json", "run", "--config", str(self.cfg_path),
                                        "--metrics-address", "", "--no-kubernetes", "--resync-interval", str(self.resync_s)],
                                       self.node, deadline_s=600, stdout=log, stderr=subprocess.STDOUT)
         log.close()

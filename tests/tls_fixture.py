@@ -54,7 +54,8 @@ class Ca:
         path.write_bytes(self.pem)
         return path
 
-    def issue(self, *hosts: str) -> tuple[bytes, bytes]:
+    def issue(self, *hosts: str, client: bool = False) -> tuple[bytes, bytes]:
+        """A serving certificate for ``hosts`` (``client=True``: a client certificate, CN hosts[0])."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.timezone.utc)
         sans = []
@@ -69,7 +70,8 @@ class Ca:
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName(sans), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH if client
+                                                  else x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
             .sign(self.key, hashes.SHA256())
         )

@@ -1,4 +1,4 @@
-"""PodWatcher against a fake API server, through the official client library (no root).
+"""PodWatcher against a fake API server, through shaperd's own client (no root).
 
 Every test gets its own fake server, kubeconfig and watcher, stopped even
 when the test fails. Nothing here depends on how fast the machine is:
@@ -402,13 +402,13 @@ def test_load_client_config(tmp_path, monkeypatch, api):
 
 def test_stop_between_response_and_stream_still_cuts_the_watch(api, tmp_path, monkeypatch):
     """stop() that lands after the watch's headers arrived but before the library kept the
-    response (a window the library's own Watch.stop misses) still ends the thread: without
-    the cut it would read until the server's timeout (300 s here)."""
-    from kubernetes import client
+    response still ends the thread: without the cut it would read until the server's
+    timeout (300 s here)."""
+    from shaperd.discovery.kubernetes.api import CoreV1
 
     kubeconfig = write_kubeconfig(tmp_path / "kc", api.url)
     w = PodWatcher(NODE, lambda: None, kubeconfig=str(kubeconfig), request_timeout_s=10, watch_timeout_s=300)
-    orig = client.CoreV1Api.list_pod_for_all_namespaces
+    orig = CoreV1.list_pod_for_all_namespaces
     stopper: list[threading.Thread] = []
 
     def list_then_stop(self, **kw):
@@ -417,14 +417,59 @@ def test_stop_between_response_and_stream_still_cuts_the_watch(api, tmp_path, mo
             t = threading.Thread(target=w.stop, kwargs={"timeout_s": DEADLINE}, daemon=True)
             t.start()
             stopper.append(t)  # published only once started: the test thread joins it as soon as it sees it
-            assert w._stop.wait(DEADLINE)  # stop() has begun; the library has not seen resp yet
+            assert w._stop.wait(DEADLINE)  # stop() has begun; the watcher has not published resp yet
         return resp
 
-    monkeypatch.setattr(client.CoreV1Api, "list_pod_for_all_namespaces", list_then_stop)
+    monkeypatch.setattr(CoreV1, "list_pod_for_all_namespaces", list_then_stop)
     w.start()
     try:
         assert wait(lambda: stopper)
         stopper[0].join(DEADLINE)
         assert not stopper[0].is_alive() and not w._thread.is_alive()
+    finally:
+        w.stop()
+
+
+def test_a_rotated_token_file_is_used_on_the_next_connection_and_a_401_heals(api, tmp_path):
+    """The bound-token shape: the kubelet renames a new token over the old file. The next request
+    (here: the reconnect after the server drops the watch) carries it; a 401 (the server moved on
+    before the file did) is retried with backoff, not fatal, until the file catches up."""
+    import os
+
+    import yaml
+
+    token = tmp_path / "token"
+
+    def rotate(value: str) -> None:
+        (tmp_path / "token.new").write_text(value)
+        os.replace(tmp_path / "token.new", token)
+
+    rotate("t1")
+    api.token = "t1"
+    kc = write_kubeconfig(tmp_path / "kc", api.url)
+    doc = yaml.safe_load(kc.read_text())
+    doc["users"][0]["user"] = {"tokenFile": "token"}  # relative to the kubeconfig
+    kc.write_text(yaml.safe_dump(doc))
+    api.add_pod(make_pod("a", NODE))
+    w = PodWatcher(NODE, lambda: None, kubeconfig=str(kc), request_timeout_s=10, watch_timeout_s=30, backoff=FAST)
+    w.start()
+    try:
+        assert wait(lambda: w.synced and names(w) == {"a"})
+        rotate("t2")
+        api.token = "t2"
+        api.drop_watches()
+        b = api.add_pod(make_pod("b", NODE))
+        assert wait(lambda: at_least(w, rv(b)) and names(w) == {"a", "b"})
+        assert api.watch_requests()[-1]["authorization"] == "Bearer t2"
+
+        api.token = "t3"  # the server no longer takes t2; the file still has it
+        api.drop_watches()
+        assert wait(lambda: w.last_error is not None and "HTTP 401" in w.last_error)
+        assert not w.synced
+        rotate("t3")
+        c = api.add_pod(make_pod("c", NODE))
+        assert wait(lambda: w.synced and at_least(w, rv(c)))
+        assert names(w) == {"a", "b", "c"}
+        assert {r["authorization"] for r in api.requests} == {"Bearer t1", "Bearer t2", "Bearer t3"}
     finally:
         w.stop()

@@ -1,12 +1,10 @@
-"""PodInfo parsing from wire dicts and client-library models; backoff bounds; the status-code mapping."""
+"""PodInfo parsing from wire dicts; backoff bounds; the status-code mapping."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-from kubernetes import client
-
 from shaperd.discovery.kubernetes import (
     Backoff,
     KubernetesError,
@@ -102,18 +100,17 @@ def test_not_an_object():
         PodInfo.from_dict("nope")
 
 
-def test_from_api_model():
-    pod = client.V1Pod(
-        metadata=client.V1ObjectMeta(uid="u2", namespace="ns", name="p", labels={"tenant": "red"}),
-        spec=client.V1PodSpec(node_name="n1", host_network=True, containers=[client.V1Container(name="c")]),
-        status=client.V1PodStatus(phase="Running", qos_class="Guaranteed", pod_ip="192.0.2.1",
-                                  pod_ips=[client.V1PodIP(ip="192.0.2.1"), client.V1PodIP(ip="2001:db8::1")]),
-    )
-    p = PodInfo.from_api(pod)
+def test_host_network_dual_stack_pod():
+    pod = {
+        "metadata": {"uid": "u2", "namespace": "ns", "name": "p", "labels": {"tenant": "red"}},
+        "spec": {"nodeName": "n1", "hostNetwork": True, "containers": [{"name": "c"}]},
+        "status": {"phase": "Running", "qosClass": "Guaranteed", "podIP": "192.0.2.1",
+                   "podIPs": [{"ip": "192.0.2.1"}, {"ip": "2001:db8::1"}]},
+    }
+    p = PodInfo.from_dict(pod)
     assert p == PodInfo(uid="u2", namespace="ns", name="p", labels={"tenant": "red"},
                         ips=("192.0.2.1", "2001:db8::1"), host_network=True, qos_class="Guaranteed",
                         phase="Running", node="n1")
-    assert PodInfo.from_api(wire()) == PodInfo.from_dict(wire())
 
 
 def test_backoff_grows_caps_and_jitters():
@@ -145,7 +142,8 @@ def test_backoff_is_a_function_of_attempt_and_rng():
 ])
 def test_map_api_error_is_the_one_status_code_mapping(exc, cls, status, text):
     import urllib3.exceptions
-    from kubernetes.client.exceptions import ApiException
+
+    from shaperd.discovery.kubernetes.errors import ApiStatus
 
     reasons = {"410": "Gone", "401": "Unauthorized", "403": "Forbidden", "429": "Too Many Requests",
                "500": "Internal Server Error"}
@@ -153,7 +151,7 @@ def test_map_api_error_is_the_one_status_code_mapping(exc, cls, status, text):
         "refused": ConnectionRefusedError(111, "Connection refused"),
         "timeout": urllib3.exceptions.ReadTimeoutError(None, "/api/v1/pods", "Read timed out."),
         "bug": KeyError("code"),
-    }.get(exc) or ApiException(status=int(exc), reason=reasons[exc])
+    }.get(exc) or ApiStatus(int(exc), reasons[exc])
     got = map_api_error("watch", "pods on node n1", e)
     assert type(got) is cls and got.status == status
     assert isinstance(got, DiscoveryError)

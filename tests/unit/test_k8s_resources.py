@@ -28,11 +28,9 @@ def api():
 
 
 def _cfg(api):
-    from kubernetes import client
+    from shaperd.discovery.kubernetes.kubeconfig import ClientConfig
 
-    c = client.Configuration()
-    c.host = api.url
-    return c
+    return ClientConfig(host=api.url)
 
 
 def _wait(cond, ev: threading.Event, timeout: float = 20.0) -> bool:

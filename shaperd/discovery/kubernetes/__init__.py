@@ -3,7 +3,12 @@
 One module per API concern (kopf's layout):
 
 - ``errors``: the error hierarchy and ``map_api_error``, the one status-code mapping;
-- ``client``: client credentials (``load_client_config``);
+- ``client``: where credentials come from (``load_client_config``);
+- ``kubeconfig``: ``ClientConfig`` from kubeconfig files or the service account;
+- ``auth``: the credential of the moment (token, token file, exec plugin);
+- ``transport``: GETs over urllib3 (TLS, timeouts, status -> ``ApiStatus``);
+- ``watchstream``: the line protocol of a watch response;
+- ``api``: the list and watch requests, mapped to our errors;
 - ``pods``: ``PodInfo`` and its parser from wire JSON;
 - ``backoff``: the retry schedule;
 - ``watcher``: ``PodWatcher``, the list-then-watch loop and its pod cache.

@@ -1,11 +1,11 @@
-"""Client credentials for the API server: one ``kubernetes.client.Configuration`` per watcher.
+"""Client credentials for the API server: one ``ClientConfig`` per watcher.
 
-Owns where credentials come from (explicit kubeconfig, in-cluster service
-account, $KUBECONFIG, ~/.kube/config) and turns every way that fails into
-a ``KubernetesConfigError`` naming the source.
+Owns the choice of where credentials come from (explicit kubeconfig,
+in-cluster service account, $KUBECONFIG, ~/.kube/config); the parsing is
+``kubeconfig.py``'s, which turns every way that fails into a
+``KubernetesConfigError`` naming the file and the field.
 
-Must not: touch the client library's global default configuration, or
-make a request (the watcher does that).
+Must not: make a request (the watcher does that).
 """
 
 from __future__ import annotations
@@ -13,24 +13,18 @@ from __future__ import annotations
 import os
 
 from .errors import KubernetesConfigError
+from .kubeconfig import ClientConfig, load_in_cluster, load_kubeconfig
 
 
-def load_client_config(kubeconfig: str | None = None):
-    """A ``kubernetes.client.Configuration`` for this process; never touches the library's global default.
+def load_client_config(kubeconfig: str | None = None) -> ClientConfig:
+    """A ``ClientConfig`` for this process.
 
     An explicit ``kubeconfig`` wins (an operator asked for it); otherwise the
     in-cluster service account when running in a pod (KUBERNETES_SERVICE_HOST
-    set); otherwise $KUBECONFIG, then ~/.kube/config.
+    set); otherwise $KUBECONFIG (a list, like kubectl's), then ~/.kube/config.
     """
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
     if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-        except (config.ConfigException, OSError) as e:
-            raise KubernetesConfigError("load", "in-cluster service account config", str(e)) from e
-        return cfg
+        return load_in_cluster()
     source = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
     paths = [os.path.expanduser(p) for p in source.split(os.pathsep) if p]
     if not any(os.path.isfile(p) for p in paths):
@@ -39,8 +33,4 @@ def load_client_config(kubeconfig: str | None = None):
             "no such file, and not in a pod (KUBERNETES_SERVICE_HOST unset); "
             "pass --kubeconfig or set KUBECONFIG",
         )
-    try:
-        config.load_kube_config(config_file=os.pathsep.join(paths), client_configuration=cfg, persist_config=False)
-    except Exception as e:  # ConfigException, yaml errors, bad base64 in certs ...
-        raise KubernetesConfigError("load", f"kubeconfig {source}", f"{type(e).__name__}: {e}") from e
-    return cfg
+    return load_kubeconfig(paths)

@@ -5,9 +5,10 @@ until the environment changes (``KubernetesConfigError``), retried with
 backoff while the cache is kept (``TransientKubernetesError``), relist
 (``ResourceExpired``), resume from the last good version
 (``WatchStreamCorrupt``), or skip one pod (``PodParseError``).
-``map_api_error`` is the only place an exception from the client library
-(``ApiException``, urllib3, socket errors) becomes one of these; the cause
-is chained by the caller (``raise map_api_error(...) from e``).
+``map_api_error`` is the only place an exception from the HTTP side
+(``ApiStatus``: a non-2xx answer or a watch ERROR event; urllib3 and socket
+errors) becomes one of these; the cause is chained by the caller
+(``raise map_api_error(...) from e``).
 
 Every class is a ``DiscoveryError`` (shaperd/errors.py): the API server
 is where the agent discovers the pods on its node, so one that reaches a
@@ -24,6 +25,17 @@ from typing import Any
 from ...errors import DiscoveryError
 
 
+class ApiStatus(Exception):
+    """The API server answered with a non-2xx status (or a watch ERROR event carrying one).
+
+    Raised by ``transport`` and ``watchstream``, never seen by the watch loops:
+    ``map_api_error`` turns it into one of the classes below."""
+
+    def __init__(self, status: int | None, reason: str = "", message: str = ""):
+        self.status, self.reason, self.message = status, reason, message
+        super().__init__(f"HTTP {status} {reason}".strip() + (f": {message}" if message else ""))
+
+
 class KubernetesError(DiscoveryError):
     """A request to the API server failed or returned something unusable: 'verb object: cause'."""
 
@@ -33,7 +45,8 @@ class KubernetesError(DiscoveryError):
 
 
 class KubernetesConfigError(KubernetesError):
-    """No usable credentials (no service account, no kubeconfig). Permanent until the environment changes."""
+    """No usable credentials (no service account, no kubeconfig, a kubeconfig field that is wrong or
+    unsupported). Permanent until the environment changes."""
 
 
 class TransientKubernetesError(KubernetesError):
@@ -57,15 +70,14 @@ class PodParseError(KubernetesError):
 
 
 def map_api_error(verb: str, obj: str, exc: BaseException) -> KubernetesError:
-    """The one place an exception from the client library becomes one of ours."""
-    from kubernetes.client.exceptions import ApiException
+    """The one place an exception from the HTTP side becomes one of ours."""
     import urllib3.exceptions
 
     if isinstance(exc, KubernetesError):
         return exc
-    if isinstance(exc, ApiException):
+    if isinstance(exc, ApiStatus):
         status = exc.status if isinstance(exc.status, int) else None
-        cause = f"HTTP {exc.status} {exc.reason or ''}".strip()
+        cause = f"HTTP {exc.status} {exc.reason or ''}".strip() + (f": {exc.message[:200]}" if exc.message else "")
         if status == 410:
             return ResourceExpired(verb, obj, cause, status)
         if status in (401, 403):

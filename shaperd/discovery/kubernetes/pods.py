@@ -4,8 +4,8 @@ Owns ``PodInfo`` (the fields shaping depends on; its equality decides
 whether a MODIFIED event matters), ``FrozenMap`` (immutable labels, so a
 PodInfo is hashable), the parser and ``describe_pod`` for log lines.
 
-Decoding is ours, not the client library's: the generated models are
-strict, so one odd pod would abort a whole list or watch stream. Each pod
+Decoding is ours (there are no generated models here: strict ones would
+let one odd pod abort a whole list or watch stream). Each pod
 is parsed on its own and a malformed one raises ``PodParseError`` naming
 the pod and the field, so the caller skips it and applies the others.
 
@@ -140,15 +140,6 @@ class PodInfo:
             host_network=host_network, qos_class=qos or None, phase=phase, node=node,
             annotations=FrozenMap(kept),
         )
-
-    @classmethod
-    def from_api(cls, obj: Any) -> "PodInfo":
-        """Parse a wire dict or a client-library model (``V1Pod``), via its wire-format serialisation."""
-        if isinstance(obj, dict):
-            return cls.from_dict(obj)
-        from kubernetes.client import ApiClient
-
-        return cls.from_dict(ApiClient().sanitize_for_serialization(obj))
 
 
 def _opt_dict(obj: dict, key: str, fail) -> dict:

@@ -19,7 +19,6 @@ the cache changed; the daemon debounces and reconciles.
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 import socket
@@ -29,8 +28,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import log
+from . import watchstream
+from .api import CoreV1
 from .backoff import Backoff
 from .client import load_client_config
+from .transport import ApiClient
 from .errors import (
     KubernetesError,
     PodParseError,
@@ -50,38 +52,6 @@ PROGRESS_AFTER_S = 5.0
 # A watch that ended cleanly, without events, sooner than this is treated like a
 # failure (backed off): a server closing watches at once must not be hammered.
 QUICK_CLOSE_S = 1.0
-
-
-@functools.cache
-def _watch_class():
-    """RawWatch, built once on first use: only `shaperd run` with Kubernetes imports the client library."""
-    from kubernetes import watch
-
-    class RawWatch(watch.Watch):
-        """The library's Watch (request, chunked line splitting, socket-level stop,
-        ERROR-event -> ApiException) with our own decoding: events keep the wire dict,
-        and a line that is not an event raises instead of being yielded as ``None``."""
-
-        def unmarshal_event(self, data, return_type):
-            if not data or data.isspace():
-                return None
-            try:
-                js = json.loads(data)
-            except ValueError as e:
-                raise WatchStreamCorrupt("decode", "watch event", f"not JSON ({e}): {data[:80]!r}") from e
-            if not isinstance(js, dict) or not isinstance(js.get("type"), str) or "object" not in js:
-                raise WatchStreamCorrupt("decode", "watch event", f"not a {{type, object}} event: {data[:80]!r}")
-            if js["type"] == "ERROR":
-                # the library indexes obj['code'], ['reason'], ['message'] unguarded
-                if not isinstance(js["object"], dict) or not isinstance(js["object"].get("code"), int):
-                    raise WatchStreamCorrupt("decode", "watch ERROR event", f"no Status code: {data[:80]!r}")
-                js["object"].setdefault("reason", "")
-                js["object"].setdefault("message", "")
-            # an event whose object is not a readable pod is the consumer's to skip, by name
-            js["raw_object"] = js["object"]
-            return js
-
-    return RawWatch
 
 
 def _cut(resp) -> None:
@@ -115,8 +85,8 @@ class PodWatcher:
         beyond ``watch_timeout_s`` before a silent watch is given up (bounded waits,
         so a hung server is noticed). ``watch_timeout_s``: the server closes each
         watch after this long (timeoutSeconds) and we resume from the last version;
-        5 min like client-go's lower bound. ``client_configuration`` overrides
-        kubeconfig loading (tests, embedding).
+        5 min like client-go's lower bound. ``client_configuration`` (a
+        ``kubeconfig.ClientConfig``) overrides kubeconfig loading (tests, embedding).
 
         Time is injectable, so tests assert the schedule the loop asks for
         instead of measuring it: ``rng`` is the backoff jitter's random source;
@@ -146,7 +116,6 @@ class PodWatcher:
         self._stop = threading.Event()
         self._wait = wait if wait is not None else self._stop.wait
         self._thread: threading.Thread | None = None
-        self._watch = None
         self._resp = None  # the open watch response, cut by stop()
         self._api = None
         self._progress = False  # the last watch delivered events or lived >= PROGRESS_AFTER_S before it failed
@@ -158,13 +127,8 @@ class PodWatcher:
             raise RuntimeError("PodWatcher already started")
         if self._cfg is None:
             self._cfg = load_client_config(self._kubeconfig)  # KubernetesConfigError is the caller's to report
-        from kubernetes import client
-
-        # We own retries (our backoff, our synced flag): urllib3 must not silently
-        # repeat a hung read. TCP keepalive finds a dead peer under a quiet watch.
-        self._cfg.retries = False
-        self._cfg.keep_alive = True
-        self._api = client.CoreV1Api(client.ApiClient(configuration=self._cfg))
+        # No urllib3 retries (our backoff, our synced flag), TCP keepalive: transport.ApiClient.
+        self._api = CoreV1(ApiClient(self._cfg))
         self._thread = threading.Thread(target=self._run, name=f"shaperd-k8s-pods-{self.node_name}", daemon=True)
         self._thread.start()
 
@@ -177,9 +141,6 @@ class PodWatcher:
             resp = self._resp  # see _watch_once.call: set under the lock, so one of us cuts it
         if resp is not None:
             _cut(resp)
-        w = self._watch
-        if w is not None:
-            w.stop()
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
@@ -279,10 +240,10 @@ class PodWatcher:
             kw["resource_version"] = "0"
         try:
             resp = self._api.list_pod_for_all_namespaces(
-                field_selector=self.field_selector, _preload_content=False,
-                _request_timeout=(min(10.0, self.request_timeout_s), self.request_timeout_s), **kw)
+                field_selector=self.field_selector,
+                timeout=(min(10.0, self.request_timeout_s), self.request_timeout_s), **kw)
             try:
-                body = resp.data
+                body = resp.read()
             finally:
                 resp.release_conn()
         except Exception as e:
@@ -318,17 +279,16 @@ class PodWatcher:
 
     def _watch_once(self) -> bool:
         """One watch connection. False when it ended at once without a single event."""
-        w = _watch_class()()
         started, events = self._clock(), 0
         self._progress = False
-        self._watch = w
-        api = self._api
-
-        def call(**kw):
-            resp = api.list_pod_for_all_namespaces(**kw)
-            # The library keeps the response only after this returns; a stop() in
-            # between would find nothing to cut. Publishing it under the lock that
-            # stop() reads it under means either stop() sees it or we see the stop.
+        resp, clean = None, False
+        try:
+            resp = self._api.list_pod_for_all_namespaces(
+                field_selector=self.field_selector, resource_version=self._rv, watch=True,
+                allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout_s,
+                timeout=(min(10.0, self.request_timeout_s), self.watch_timeout_s + self.request_timeout_s))
+            # Publishing the response under the lock that stop() reads it under
+            # means either stop() sees it (and cuts it) or we see the stop.
             with self._lock:
                 self._resp = resp
                 stopping = self._stop.is_set()
@@ -340,33 +300,25 @@ class PodWatcher:
                     self._last_error = None
             if stopping:
                 _cut(resp)
-            return resp
-
-        try:
-            for event in w.stream(
-                call,
-                field_selector=self.field_selector,
-                resource_version=self._rv,
-                allow_watch_bookmarks=True,
-                timeout_seconds=self.watch_timeout_s,
-                _request_timeout=(min(10.0, self.request_timeout_s), self.watch_timeout_s + self.request_timeout_s),
-            ):
+            for event in watchstream.events(resp, f"pods on node {self.node_name}"):
                 if self._stop.is_set():
                     break
-                if event is not None:
-                    events += 1
-                    self._apply(event)
+                events += 1
+                self._apply(event)
+            else:
+                clean = True
         except Exception as e:
             self._progress = events > 0 or self._clock() - started >= PROGRESS_AFTER_S
             raise map_api_error("watch", f"pods on node {self.node_name} from version {self._rv}", e) from e
         finally:
-            self._watch = None
             with self._lock:
                 self._resp = None
+            if resp is not None:
+                watchstream.close(resp, clean)
         return events > 0 or self._stop.is_set() or self._clock() - started >= QUICK_CLOSE_S
 
     def _apply(self, event: dict) -> None:
-        etype, obj = event["type"], event["raw_object"]
+        etype, obj = event["type"], event["object"]
         rv = object_resource_version(obj)
         if etype == "BOOKMARK":
             if rv is not None:
