@@ -116,20 +116,26 @@ def _max_vls_arg(text: str):
 def _roots(args):
     from .roots import Roots
 
-    return Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
+    return Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root,
+                    bpffs=getattr(args, "bpffs_root", "") or "/sys/fs/bpf")
 
 
-def _reconciler(args, probe: bool = True, pods_source=None, pod_resources=None):
+def _reconciler(args, probe: bool = True, pods_source=None, pod_resources=None, teardown: bool = False):
     from .engine.reconciler import open_node
     from .inventory import Capabilities
     from .kernel.probe import probe_capabilities
 
     if probe and os.geteuid() == 0:
-        caps = probe_capabilities()
+        caps = probe_capabilities(bpffs_root=str(_roots(args).bpffs) if getattr(args, "bpffs_root", "") else None)
     else:
         # Without root nothing can be probed: plan for the common kernel set.
         caps = Capabilities(bpf=True, leaf_kinds=frozenset({"bfifo"}),
                             notes=("not root: capabilities assumed (htb, u32, cls_bpf, bfifo leaves)",))
+    if teardown and getattr(args, "bpffs_root", ""):
+        import dataclasses
+
+        # Unprobed, but its bpffs pins are shaperd's to remove like the rest.
+        caps = dataclasses.replace(caps, bpf_adopt="pins", bpf_pin_root=str(_roots(args).bpffs))
     return open_node(caps, netns=getattr(args, "netns", None), roots=_roots(args),
                      take_over=getattr(args, "take_over", False), pods_source=pods_source,
                      pod_resources=pod_resources)
@@ -240,7 +246,7 @@ def _print_outcomes(rep, planned: bool) -> None:
 
 def cmd_teardown(args) -> int:
     """Remove what shaperd owns; ``--dry-run``: the same removals, printed as "would ...", none sent."""
-    rec = _reconciler(args, probe=False)
+    rec = _reconciler(args, probe=False, teardown=True)
     rep = rec.teardown(dry_run=args.dry_run)
     if output.machine(args):
         output.emit({"dry_run": args.dry_run, **outcomes_result(rep, planned=args.dry_run)}, args)
@@ -345,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--run-root", default="/run", help="the runtime directory holding netns/ (default /run)")
         p.add_argument("--kubelet-root", default="/var/lib/kubelet",
                        help="the kubelet's directory (default /var/lib/kubelet)")
+        p.add_argument("--bpffs-root", default=os.environ.get("SHAPERD_BPFFS_ROOT", "/sys/fs/bpf"),
+                       help="bpffs where the eBPF classifier is pinned, under shaperd/ (default $SHAPERD_BPFFS_ROOT "
+                            "or /sys/fs/bpf; '' for none: adoption by id, which needs CAP_SYS_ADMIN)")
 
     p = sub.add_parser("check-config", help="validate a tenants file and print the normalised tenants table")
     p.add_argument("file")

@@ -29,6 +29,11 @@ class Capabilities:
     bpf: bool = False
     # eBPF maps (LPM trie) and direct-action cls_bpf on clsact: the map classifier can run.
     bpf_maps: bool = False
+    # How a restarted agent reopens the map classifier's maps: "pins" (bpffs, CAP_BPF), "id"
+    # (BPF_*_GET_FD_BY_ID, CAP_SYS_ADMIN), or "" where bpf_maps is False.
+    bpf_adopt: str = ""
+    # The bpffs the probe pinned under (where bpf_adopt is "pins").
+    bpf_pin_root: str = ""
     # Leaf qdisc kinds available, in order of preference among those we use.
     leaf_kinds: frozenset[str] = frozenset({"bfifo"})
     notes: tuple[str, ...] = ()

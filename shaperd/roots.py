@@ -1,4 +1,4 @@
-"""Filesystem roots: where /sys, /proc, /run and the kubelet's directory are, in one object.
+"""Filesystem roots: where /sys, /proc, /run and the kubelet's directory and the bpffs are, in one object.
 
 Every reader of sysfs, procfs, cgroups, named network namespaces and the
 kubelet's sockets takes its paths from a Roots, so tests (and an agent in a
@@ -18,10 +18,12 @@ class Roots:
     proc: Path = Path("/proc")
     run: Path = Path("/run")
     kubelet: Path = Path("/var/lib/kubelet")
+    # The bpffs under which shaperd pins its classifier (in <bpffs>/shaperd/ only).
+    bpffs: Path = Path("/sys/fs/bpf")
 
     @classmethod
-    def of(cls, sys="/sys", proc="/proc", run="/run", kubelet="/var/lib/kubelet") -> "Roots":
-        return cls(Path(sys), Path(proc), Path(run), Path(kubelet))
+    def of(cls, sys="/sys", proc="/proc", run="/run", kubelet="/var/lib/kubelet", bpffs="/sys/fs/bpf") -> "Roots":
+        return cls(Path(sys), Path(proc), Path(run), Path(kubelet), Path(bpffs))
 
     def net_class(self, ifname: str) -> Path:
         """/sys/class/net/<ifname>."""

@@ -268,7 +268,8 @@ class Reconciler:
             self.log.error("kernel write failed", backend=b.name, device=op.device, tenant=op.tenant, error=str(err))
 
 
-def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, netns: str | None = None) -> list[Backend]:
+def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, netns: str | None = None,
+                     pins=None) -> list[Backend]:
     """The enforcement paths shaperd runs today, in the order they are reconciled."""
     from ..backends.dcb.backend import DcbBackend
     from ..backends.edt.backend import EdtBackend
@@ -279,8 +280,8 @@ def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, ne
     from ..backends.vfrate.backend import VfRateBackend
 
     # edt after htb: a device moving between the two is released by one before the other takes it.
-    return [HtbBackend(writer, take_over=take_over), EdtBackend(writer, take_over=take_over), MarksBackend(writer),
-            DevlinkBackend(),
+    return [HtbBackend(writer, take_over=take_over, pins=pins), EdtBackend(writer, take_over=take_over, pins=pins),
+            MarksBackend(writer), DevlinkBackend(),
             DcbBackend(netns, str(roots.run)), RdmaBackend(roots),
             VfRateBackend(writer, state_file=roots.run / "shaperd" / "vfrate-owned.json")]
 
@@ -288,10 +289,12 @@ def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, ne
 def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DEFAULT, take_over: bool = False,
               pods_source=None, pod_resources=None) -> Reconciler:
     """A reconciler whose reader and writers all live in one namespace (kernel/netns.py)."""
-    from ..kernel import tc
+    from ..kernel import bpf_pins, tc
     from ..kernel.rtnl import RtnlReader
 
     reader = RtnlReader(netns, run_root=str(roots.run))
     writer = tc.open_writer(netns, str(roots.run))
-    return Reconciler(reader, default_backends(writer, take_over, roots, netns), caps, roots=roots, pods_source=pods_source,
+    # The map classifier's maps come back through bpffs pins where the probe found them usable.
+    pins = bpf_pins.PinStore(caps.bpf_pin_root, bpf_pins.scope_for(netns)) if caps.bpf_adopt == "pins" else None
+    return Reconciler(reader, default_backends(writer, take_over, roots, netns, pins), caps, roots=roots, pods_source=pods_source,
                       pod_resources=pod_resources)

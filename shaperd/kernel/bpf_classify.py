@@ -7,11 +7,14 @@ egress hook, finding it again after a restart (filter dump TCA_BPF_ID ->
 program fd -> map ids -> map fds), reading the maps, and executing the
 classifier operations (one bpf() write per map changed).
 
-Why adoption by program id and not bpffs pins: the attached filter is the
-only reference that must exist for the classifier to work, it is already in
-the dump we read every resync, and the maps live exactly as long as the
-program: nothing can be left behind in /sys/fs/bpf by a crash or a
-`tc qdisc del`, and no bpffs mount is needed in the container.
+Adoption, in this order of preference (the probe picks one): through bpffs
+pins (kernel/bpf_pins.py: ``<root>/shaperd/<scope>/<backend>/<device>/{prog,map_<role>}``,
+CAP_BPF and file permissions suffice), accepted only if the pinned program's
+id equals the TCA_BPF_ID in the filter dump and every pinned map is one of
+that program's maps, else the classifier is replaced and re-pinned; or by id
+(TCA_BPF_ID -> BPF_PROG_GET_FD_BY_ID -> map ids -> BPF_MAP_GET_FD_BY_ID),
+which needs CAP_SYS_ADMIN. The attached filter stays the reference that
+keeps the classifier working: pins only let a new process find the maps.
 
 Must not: touch a clsact filter that is not its own (other agents share the
 hook), delete the clsact qdisc, or decide map contents.
@@ -32,7 +35,7 @@ from ..backends.base import ApplyResult, Operation
 from ..backends.htb import mapcls
 from ..backends.htb.mapcls import MAP_SHAPES, ROLES, MapClassifier, ObservedMapClassifier
 from ..errors import KernelError
-from . import bpf, bpf_maps
+from . import bpf, bpf_maps, bpf_pins
 
 TC_H_CLSACT = 0xFFFFFFF1
 CLSACT_HANDLE = 0xFFFF0000
@@ -40,6 +43,8 @@ TC_H_CLSACT_EGRESS = 0xFFFFFFF3
 ETH_P_ALL = 0x0003
 _MAP_TYPES = {"hash": bpf_maps.MAP_HASH, "array": bpf_maps.MAP_ARRAY, "lpm_trie": bpf_maps.MAP_LPM_TRIE}
 _MAP_NAMES = {r: f"shpd_{r}" for r in ROLES}
+PIN_PROG = "prog"
+_PIN_MAPS = {r: f"map_{r}" for r in ROLES}
 
 # __sk_buff offsets (uapi linux/bpf.h)
 _SKB_MARK, _SKB_PROTOCOL, _SKB_PRIORITY, _SKB_INGRESS_IFINDEX = 8, 16, 32, 36
@@ -245,6 +250,55 @@ class ClassifierMaps:
             raise bpf_maps.BpfMapError(f"adopt classifier prog id {prog_id}: maps {missing} not found", errno_mod.ENOENT)
         return cls(maps)
 
+    @classmethod
+    def adopt_pinned(cls, pins: bpf_pins.PinStore, device: str, prog_id: int) -> ClassifierMaps:
+        """The maps pinned for ``device``, if its pinned program is the attached ``prog_id`` and every
+        pinned map is one of that program's (BpfMapError otherwise: the classifier is then replaced)."""
+        fds = pins.get(device)
+        maps: dict[str, bpf_maps.BpfMap] = {}
+        try:
+            pfd = fds.pop(PIN_PROG, None)
+            if pfd is None:
+                raise bpf_pins.PinError(f"adopt classifier on {device}: no program pinned in {pins.path(device)}",
+                                        errno_mod.ENOENT)
+            try:
+                info = bpf_maps.prog_info(pfd)
+            finally:
+                os.close(pfd)
+            if info.id != prog_id:
+                raise bpf_pins.PinError(f"adopt classifier on {device}: pinned program id {info.id} is not the "
+                                        f"attached id {prog_id}", errno_mod.ESTALE)
+            for role in ROLES:
+                fd = fds.pop(_PIN_MAPS[role], None)
+                if fd is None:
+                    raise bpf_pins.PinError(f"adopt classifier on {device}: map {role} not pinned", errno_mod.ENOENT)
+                try:
+                    mi = bpf_maps.map_info(fd)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                maps[role] = bpf_maps.BpfMap(fd, mi.type, mi.key_size, mi.value_size, mi.max_entries, mi.name, mi.id)
+                if mi.id not in info.map_ids or mi.name != _MAP_NAMES[role]:
+                    raise bpf_pins.PinError(f"adopt classifier on {device}: pinned map {role} (id {mi.id}, "
+                                            f"{mi.name or '?'}) is not a map of program id {prog_id}",
+                                            errno_mod.ESTALE)
+        except BaseException:
+            for m in maps.values():
+                m.close()
+            raise
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        return cls(maps)
+
+    @classmethod
+    def open(cls, pins: bpf_pins.PinStore | None, device: str, prog_id: int) -> ClassifierMaps:
+        """Through the pins when they are in use, else by id (CAP_SYS_ADMIN)."""
+        return cls.adopt_pinned(pins, device, prog_id) if pins is not None else cls.adopt(prog_id)
+
+    def pin_files(self) -> dict[str, int]:
+        return {_PIN_MAPS[r]: m.fd for r, m in self.maps.items()}
+
     def close(self) -> None:
         for m in self.maps.values():
             m.close()
@@ -275,7 +329,7 @@ def load(maps: ClassifierMaps, mark_mask: int, name: str) -> int:
 
 # ------------------------------------------------------------- observe
 
-def observe(filter_rows, device: str) -> ObservedMapClassifier | None:
+def observe(filter_rows, device: str, pins: bpf_pins.PinStore | None = None) -> ObservedMapClassifier | None:
     """Our classifier among the clsact egress filter rows of one device, with its maps' entries."""
     ours = [f for f in filter_rows if f.kind == "bpf" and f.prio == mapcls.PRIO_EGRESS_CLASSIFY
             and f.handle == mapcls.HANDLE_EGRESS_CLASSIFY]
@@ -287,7 +341,7 @@ def observe(filter_rows, device: str) -> ObservedMapClassifier | None:
         obs.error = f"filter {f.name or '?'} at shaperd's prio carries no readable program"
         return obs
     try:
-        with ClassifierMaps.adopt(obs.prog_id) as maps:
+        with ClassifierMaps.open(pins, device, obs.prog_id) as maps:
             obs.entries = maps.read()
     except bpf_maps.BpfMapError as e:
         obs.error = f"read classifier maps on {device}: {e}"
@@ -341,8 +395,9 @@ def detach(ipr, ifindex: int) -> None:
     ipr.nlm_request_batch([msg])
 
 
-def install(ipr, ifindex: int, want: MapClassifier) -> int:
-    """Fresh maps, filled, program loaded and attached. Returns the number of bpf() map writes."""
+def install(ipr, ifindex: int, want: MapClassifier, device: str = "", pins: bpf_pins.PinStore | None = None) -> int:
+    """Fresh maps, filled, program loaded and attached, then (with ``pins``) pinned for ``device``,
+    replacing its pins. Returns the number of bpf() map writes."""
     writes = 0
     with ClassifierMaps.create() as maps:
         for role in ROLES:
@@ -353,25 +408,32 @@ def install(ipr, ifindex: int, want: MapClassifier) -> int:
         try:
             ensure_clsact(ipr, ifindex)
             attach(ipr, ifindex, fd, want.name)
+            if pins is not None:  # after the attach: old pins left by a crash here no longer match, so are replaced
+                pins.pin(device, {PIN_PROG: fd, **maps.pin_files()})
         finally:
             os.close(fd)
     return writes
 
 
 def is_classifier_op(op: Operation) -> bool:
-    return isinstance(op, (mapcls.AttachMapClassifier, mapcls.UpdateClassifierMap, mapcls.DetachMapClassifier))
+    return isinstance(op, (mapcls.AttachMapClassifier, mapcls.UpdateClassifierMap, mapcls.DetachMapClassifier,
+                           mapcls.UnpinMapClassifier))
 
 
-def apply_ops(ipr, ops: list[Operation]) -> ApplyResult:
+def apply_ops(ipr, ops: list[Operation], pins: bpf_pins.PinStore | None = None) -> ApplyResult:
     """Execute classifier operations one by one; each failure is attributed to its operation."""
     result = ApplyResult()
     for op in ops:
         try:
             if isinstance(op, mapcls.AttachMapClassifier):
-                install(ipr, op.ifindex, op.classifier)
+                install(ipr, op.ifindex, op.classifier, op.device, pins)
             elif isinstance(op, mapcls.UpdateClassifierMap):
-                with ClassifierMaps.adopt(op.prog_id) as maps:
+                with ClassifierMaps.open(pins, op.device, op.prog_id) as maps:
                     maps.write(op.role, op.upserts, op.deletes)
+            elif isinstance(op, mapcls.UnpinMapClassifier):
+                if pins is None:
+                    raise ValueError("no bpffs pin root in use")
+                pins.remove(op.device)
             elif isinstance(op, mapcls.DetachMapClassifier):
                 try:
                     detach(ipr, op.ifindex)
@@ -390,27 +452,58 @@ def apply_ops(ipr, ops: list[Operation]) -> ApplyResult:
     return result
 
 
-def probe_load() -> tuple[bool, str]:
-    """Without a probe device (no throwaway namespace): create the maps, load the program and read
-    its maps back by id as a later reconcile adopts them; attach nothing (clsact and a tc filter are
-    NET_ADMIN's). The read-back is what fails without CAP_SYS_ADMIN: BPF_PROG_GET_FD_BY_ID and
-    BPF_MAP_GET_FD_BY_ID demand it, and a classifier that cannot be adopted would be reinstalled
-    on every reconcile. (ok, reason)."""
+ADOPT_PINS, ADOPT_ID = "pins", "id"
+
+
+def probe_load(pin_root: str | None = None) -> tuple[str, str]:
+    """Without a probe device: create the maps, load the program and get them back as a later
+    reconcile adopts them; attach nothing (clsact and a tc filter are NET_ADMIN's).
+
+    Returns (how, reason): how is "pins" when pinning under ``pin_root`` and reopening the pins
+    works (CAP_BPF and the directory's permissions), else "id" when reading the maps back by id
+    works (BPF_*_GET_FD_BY_ID need CAP_SYS_ADMIN), else "" (a classifier that cannot be adopted
+    would be reinstalled on every reconcile: the u32 path instead). reason says why not pins/id."""
     want, _ = mapcls.build(0xFFFFFFFF, {}, (), {}, {})
     try:
         with ClassifierMaps.create() as maps:
             fd = load(maps, want.mark_mask, want.name)
             try:
                 prog_id = bpf_maps.prog_info(fd).id
+                pin_why = "no bpffs root configured"
+                if pin_root:
+                    ok, pin_why = _probe_pins(pin_root, fd, maps, prog_id)
+                    if ok:
+                        return ADOPT_PINS, f"bpffs pins under {pin_root}"
                 try:
                     with ClassifierMaps.adopt(prog_id):  # while fd holds the program alive
                         pass
                 except (bpf.BpfError, OSError) as e:
-                    return False, f"read its maps back by id (BPF_*_GET_FD_BY_ID need CAP_SYS_ADMIN): {e}"
+                    return "", (f"bpffs pins: {pin_why}; read its maps back by id (BPF_*_GET_FD_BY_ID need "
+                                f"CAP_SYS_ADMIN): {e}")
+                return ADOPT_ID, f"by id (bpffs pins: {pin_why})"
             finally:
                 os.close(fd)
     except (bpf.BpfError, OSError) as e:
+        return "", str(e)
+
+
+def _probe_pins(pin_root: str, prog_fd: int, maps: ClassifierMaps, prog_id: int) -> tuple[bool, str]:
+    """Pin the probe's program and maps in a throwaway scope, adopt them from there, remove them."""
+    try:
+        store = bpf_pins.probe_store(pin_root)
+    except ValueError as e:
         return False, str(e)
+    try:
+        store.pin("probe", {PIN_PROG: prog_fd, **maps.pin_files()})
+        with ClassifierMaps.adopt_pinned(store, "probe", prog_id) as got:
+            got.read()
+    except (bpf.BpfError, OSError) as e:
+        return False, str(e)
+    finally:
+        try:
+            store.remove_scope()
+        except bpf.BpfError:
+            pass
     return True, "ok"
 
 

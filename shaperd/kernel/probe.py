@@ -43,46 +43,52 @@ def default_qdisc(procfs_root: str = "/proc") -> str | None:
         return None
 
 
-def probe_capabilities(procfs_root: str = "/proc", run_root: str = "/run") -> Capabilities:
+def probe_capabilities(procfs_root: str = "/proc", run_root: str = "/run", bpffs_root: str | None = None) -> Capabilities:
+    """``bpffs_root``: where the map classifier's pins go (None: by-id adoption only; the CLI passes
+    --bpffs-root, default /sys/fs/bpf)."""
     sweep_stale(Path(run_root) / "netns")
     box: dict = {}
-    t = threading.Thread(target=_in_own_netns, args=(box,), name="shaperd-probe", daemon=True)
+    t = threading.Thread(target=_in_own_netns, args=(box, bpffs_root), name="shaperd-probe", daemon=True)
     t.start()
     t.join(PROBE_TIMEOUT_S)
     if t.is_alive():
-        return _assumed(f"capability probe gave no answer within {PROBE_TIMEOUT_S:g} s", procfs_root)
+        return _assumed(f"capability probe gave no answer within {PROBE_TIMEOUT_S:g} s", procfs_root, bpffs_root)
     if "error" in box:
         e = box["error"]
-        return _assumed(f"capability probe skipped ({getattr(e, 'strerror', None) or e})", procfs_root)
+        return _assumed(f"capability probe skipped ({getattr(e, 'strerror', None) or e})", procfs_root, bpffs_root)
     return box["caps"]
 
 
-def _assumed(why: str, procfs_root: str) -> Capabilities:
+def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None) -> Capabilities:
     """No throwaway namespace (no CAP_SYS_ADMIN: the DaemonSet and the systemd unit drop it, or no netns
     support): assume the common kernel set and say so. Loading a do-nothing SCHED_CLS program touches no
     device, so cls_bpf is still tested here rather than assumed missing."""
     from . import bpf, bpf_classify
 
     bpf_ok, bpf_why = bpf.bpf_supported()
-    # The map classifier: its maps made and its program loaded, not attached (no probe device).
-    maps_ok, maps_why = bpf_classify.probe_load() if bpf_ok else (False, "cls_bpf unavailable")
+    # The map classifier: its maps made, its program loaded and got back, not attached (no probe device).
+    how, maps_why = bpf_classify.probe_load(bpffs_root) if bpf_ok else ("", "cls_bpf unavailable")
     # fq_codel leaves when the node's default qdisc is fq_codel (systemd's default): it exists there.
     leaf = {"bfifo"} | ({"fq_codel"} if default_qdisc(procfs_root) == "fq_codel" else set())
     notes = [f"{why}; assuming htb, u32, {', '.join(sorted(leaf))}"]
     if not bpf_ok:
         notes.append(f"cls_bpf unavailable ({bpf_why}): match.interfaces cannot be enforced")
-    maps_ok = _classifier_note(maps_ok, maps_why, notes)
-    return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, leaf_kinds=frozenset(leaf),
+    maps_ok, adopt = _classifier_note(how, maps_why, notes)
+    return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
+                        bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
                         notes=tuple(notes))
 
 
-def _classifier_note(maps_ok: bool, maps_why: str, notes: list[str]) -> bool:
-    if os.environ.get("SHAPERD_CLASSIFIER", "") == "u32" and maps_ok:
+def _classifier_note(how: str, why: str, notes: list[str]) -> tuple[bool, str]:
+    """(bpf_maps, bpf_adopt) from probe_load's answer, honouring SHAPERD_CLASSIFIER=u32; notes say why."""
+    if os.environ.get("SHAPERD_CLASSIFIER", "") == "u32" and how:
         notes.append("classifier: u32 path (SHAPERD_CLASSIFIER=u32)")
-        return False
-    if not maps_ok:
-        notes.append(f"eBPF map classifier unavailable ({maps_why}): classifying with u32 filters")
-    return maps_ok
+        return False, ""
+    if not how:
+        notes.append(f"eBPF map classifier unavailable ({why}): classifying with u32 filters")
+        return False, ""
+    notes.append(f"eBPF map classifier adopted after a restart {'through ' if how == 'pins' else ''}{why}")
+    return True, how
 
 
 def unshare_netns() -> None:
@@ -92,16 +98,16 @@ def unshare_netns() -> None:
         raise OSError(err, os.strerror(err))
 
 
-def _in_own_netns(box: dict) -> None:
+def _in_own_netns(box: dict, bpffs_root: str | None = None) -> None:
     """On the helper thread: into a namespace of its own, then probe."""
     try:
         unshare_netns()
-        box["caps"] = _probe()
+        box["caps"] = _probe(bpffs_root)
     except Exception as e:  # noqa: BLE001 - reported as a degraded probe, never a crash at start
         box["error"] = e
 
 
-def _probe() -> Capabilities:
+def _probe(bpffs_root: str | None = None) -> Capabilities:
     notes: list[str] = []
     with IPRoute() as ipr:  # created on this thread: its socket is in the unnamed namespace
         ipr.link("add", ifname="p0", kind="veth", peer="p1")
@@ -126,17 +132,21 @@ def _probe() -> Capabilities:
         from . import bpf, bpf_classify
 
         bpf_ok, why = bpf.bpf_supported()
-        maps_ok, maps_why = bpf_classify.probe(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
+        attach_ok, maps_why = bpf_classify.probe(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
+    # Attaching works: now how a restarted agent gets the maps back (pins first, else by id). bpf()
+    # objects and bpffs belong to no network namespace, so this thread's namespace does not matter.
+    how, adopt_why = bpf_classify.probe_load(bpffs_root) if attach_ok else ("", maps_why)
     if not bpf_ok:
         notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
-    maps_ok = _classifier_note(maps_ok, maps_why, notes)
+    maps_ok, adopt = _classifier_note(how, adopt_why, notes)
     if "fq_codel" not in leaf:
         notes.append("fq_codel missing: leaf queues are bfifo sized in time at the class ceiling")
     if not edt_fq:
         notes.append("edt unavailable: sch_fq missing (node.dataplane edt/auto fall back to htb)")
     elif not edt_mq:
         notes.append("edt unavailable: mq missing (node.dataplane edt/auto fall back to htb)")
-    return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, leaf_kinds=frozenset(leaf),
+    return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
+                        bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
                         notes=tuple(notes), fq=edt_fq, mq=edt_mq)
 
 

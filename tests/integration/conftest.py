@@ -126,3 +126,52 @@ def wait_for(pred, timeout: float, interval: float = 0.05):
             return v
         time.sleep(interval)
     return pred()
+
+
+def mount_bpffs(path: Path) -> None:
+    """A private bpffs at *path* (never the host's /sys/fs/bpf)."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "bpf", "bpf", str(path)], check=True, timeout=30, capture_output=True)
+
+
+def umount_bpffs(path: Path) -> None:
+    """Unmount (every pin under it goes; attached programs live on through their filters)."""
+    subprocess.run(["umount", str(path)], check=False, timeout=30, capture_output=True)
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_bpffs_for_cli(tmp_path_factory):
+    """Every `shaperd` these tests start pins under a private bpffs (SHAPERD_BPFFS_ROOT, the
+    --bpffs-root default), so no test writes to the host's /sys/fs/bpf."""
+    if os.geteuid() != 0:
+        yield None
+        return
+    path = tmp_path_factory.mktemp("session-bpffs") / "fs"
+    try:
+        mount_bpffs(path)
+    except (subprocess.CalledProcessError, OSError):
+        os.environ["SHAPERD_BPFFS_ROOT"] = ""  # no bpffs here: adoption by id, as before pins
+        yield None
+        os.environ.pop("SHAPERD_BPFFS_ROOT", None)
+        return
+    os.environ["SHAPERD_BPFFS_ROOT"] = str(path)
+    try:
+        yield path
+    finally:
+        os.environ.pop("SHAPERD_BPFFS_ROOT", None)
+        umount_bpffs(path)
+
+
+@pytest.fixture
+def pinfs(tmp_path):
+    """A private bpffs mount for one test, unmounted in cleanup even when the test fails."""
+    path = tmp_path / "bpffs"
+    mount_bpffs(path)
+    try:
+        yield path
+    finally:
+        umount_bpffs(path)

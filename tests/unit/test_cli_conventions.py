@@ -141,7 +141,7 @@ def test_teardown_dry_run_through_the_cli_prints_would(monkeypatch, capsys):
             calls.append(dry_run)
             return _report(TargetOutcome("htb", "eth0", ops=[OP]))
 
-    monkeypatch.setattr(cli, "_reconciler", lambda args, probe=True: Rec())
+    monkeypatch.setattr(cli, "_reconciler", lambda args, **kw: Rec())
     assert cli.main(["teardown", "--dry-run"]) == 0
     assert calls == [True] and "would delete" in capsys.readouterr().out.lower()
     assert cli.main(["teardown", "--dry-run", "-o", "yaml"]) == 0

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from ...errors import KernelError
 from ...inventory import Capabilities, Inventory
-from ...kernel import bpf_classify, tc
+from ...kernel import bpf_classify, bpf_pins, tc
 from ...kernel.rtnl_rows import TC_H_ROOT
 from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
+from ..htb.mapcls import UnpinMapClassifier
 from ..marks.objects import TC_H_CLSACT
 from .diff import diff_device, diff_teardown
 from .objects import EDT_MAJOR, PRIO_STAMPER, ROOT_HANDLE, EdtDeviceState, FqQdisc
@@ -30,9 +31,11 @@ TC_H_EGRESS_PARENT = 0xFFFFFFF3  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_EGRESS)
 class EdtObserved:
     devices: dict[int, EdtDeviceState] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
+    # Entries under edt's part of the bpffs pin scope; None without pins or unreadable.
+    pin_entries: list[str] | None = None
 
 
-def device_states(reads, inv: Inventory) -> EdtObserved:
+def device_states(reads, inv: Inventory, pins: bpf_pins.PinStore | None = None) -> EdtObserved:
     """Each link's root, edt's sch_fq children, clsact, and the stamper filter where clsact exists."""
     qdiscs = reads.all_qdiscs()
     out = EdtObserved()
@@ -58,7 +61,7 @@ def device_states(reads, inv: Inventory) -> EdtObserved:
             for f in rows:
                 if f.kind == "bpf" and f.prio == PRIO_STAMPER:
                     st.stamper_name, st.stamper_prog_id = f.name, f.prog_id
-            st.map_classifier = bpf_classify.observe(rows, st.device)
+            st.map_classifier = bpf_classify.observe(rows, st.device, pins)
         except KernelError as e:
             out.errors[st.ifindex] = str(e)
     out.devices = by_idx
@@ -68,9 +71,11 @@ def device_states(reads, inv: Inventory) -> EdtObserved:
 class EdtBackend:
     name = "edt"
 
-    def __init__(self, writer, take_over: bool = False):
+    def __init__(self, writer, take_over: bool = False, pins: bpf_pins.PinStore | None = None):
         self.writer = writer
         self.take_over = take_over
+        # The map classifier on edt uplinks is adopted through these bpffs pins (None: by id).
+        self.pins = pins.sub("edt") if pins is not None else None
 
     def probe(self, caps: Capabilities) -> Support:
         missing = edt_missing(caps)
@@ -83,7 +88,17 @@ class EdtBackend:
         return plan(ctx.config, ctx.inventory, ctx.tenancy, self.take_over)
 
     def observe(self, reads, inv: Inventory) -> EdtObserved:
-        return device_states(reads, inv)
+        out = device_states(reads, inv, self.pins)
+        if self.pins is not None:
+            try:
+                out.pin_entries = self.pins.entries()
+            except bpf_pins.PinError:
+                pass  # not collected this time; the classifier itself was read (or not) above
+        return out
+
+    def _unpin(self, observed: EdtObserved, keep: set[str], why: str) -> list[TargetDiff]:
+        return [TargetDiff(f"{name} (bpffs pins)", ops=[UnpinMapClassifier(device=name, ifindex=0, reason=why)])
+                for name in observed.pin_entries or () if name not in keep]
 
     def diff(self, desired: EdtPlan, observed: EdtObserved) -> list[TargetDiff]:
         out = []
@@ -105,6 +120,8 @@ class EdtBackend:
                                reason="device no longer on the edt data plane")
             if td.ops:
                 out.append(td)
+        keep_pins = {dp.device for dp in desired.devices if dp.map_classifier is not None} | set(desired.skipped)
+        out.extend(self._unpin(observed, keep_pins, "no edt device with the eBPF map classifier by that name"))
         return out
 
     def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
@@ -113,14 +130,14 @@ class EdtBackend:
         cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
         result = tc.apply_ops(self.writer, tc_ops, batch=batch)
         if cls_ops and not result.batch_failed:
-            more = bpf_classify.apply_ops(self.writer, cls_ops)
+            more = bpf_classify.apply_ops(self.writer, cls_ops, self.pins)
             result.applied.extend(more.applied)
             result.failed.extend(more.failed)
         return result
 
     def teardown(self, observed: EdtObserved) -> list[TargetDiff]:
         return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
-                if (d := diff_teardown(st)).ops]
+                if (d := diff_teardown(st)).ops] + self._unpin(observed, set(), "teardown")
 
     def render(self, desired: EdtPlan) -> str:
         from .render import render

@@ -2,7 +2,9 @@
 
 Owns the root qdisc 7368: and everything under it on the devices it shapes;
 garbage-collects its tree from devices no longer selected (not from those
-merely failing to plan, which keep what they have).
+merely failing to plan, which keep what they have), and, where the map
+classifier is adopted through bpffs pins, its pin entries of devices that no
+longer use it (gone, renamed, deselected, u32 path) and a crash's leftovers.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from dataclasses import dataclass, field
 from ... import log
 from ...errors import KernelError
 from ...inventory import Capabilities, Inventory
-from ...kernel import bpf_classify, tc
+from ...kernel import bpf_classify, bpf_pins, tc
 from ..base import ApplyResult, BackendStats, ClassTarget, PlanInput, Support, TargetDiff
 from . import observe as obs
 from .diff import diff_device, diff_teardown
+from .mapcls import UnpinMapClassifier
 from .objects import DeviceState
 from .plan import HtbPlan, HtbSettings, plan
 
@@ -28,15 +31,20 @@ class HtbObserved:
     # ifindex -> why that device could not be read.
     errors: dict[int, str] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)
+    # Entries under the bpffs pin scope (device names, crash leftovers); None without pins or unreadable.
+    pin_entries: list[str] | None = None
 
 
 class HtbBackend:
     name = "htb"
 
-    def __init__(self, writer, settings: HtbSettings = HtbSettings(), take_over: bool = False):
+    def __init__(self, writer, settings: HtbSettings = HtbSettings(), take_over: bool = False,
+                 pins: bpf_pins.PinStore | None = None):
         self.writer = writer  # pyroute2 IPRoute, created by kernel.tc.open_writer in the node's namespace
         self.settings = settings
         self.take_over = take_over
+        # The map classifier is adopted through these bpffs pins (None: by id); htb's own part of the scope.
+        self.pins = pins.sub("htb") if pins is not None else None
         # device -> "ebpf" | "u32", as of the last stats() (status, metrics, one log line per change).
         self.classifier_paths: dict[str, str] = {}
 
@@ -58,13 +66,23 @@ class HtbBackend:
                     st = obs.device_state(reads, link.name, link.ifindex, qdiscs)
                     if any(q.ifindex == link.ifindex and q.kind == "clsact" for q in qdiscs):
                         st.map_classifier = bpf_classify.observe(
-                            reads.filters(link.ifindex, bpf_classify.TC_H_CLSACT_EGRESS, link.name), link.name)
+                            reads.filters(link.ifindex, bpf_classify.TC_H_CLSACT_EGRESS, link.name), link.name,
+                            self.pins)
                     out.devices[link.ifindex] = st
                 else:  # only the root matters where the tree is not ours: no further dump
                     out.devices[link.ifindex] = obs.device_state(None, link.name, link.ifindex, qdiscs)
             except KernelError as e:
                 out.errors[link.ifindex] = str(e)
+        if self.pins is not None:
+            try:
+                out.pin_entries = self.pins.entries()
+            except bpf_pins.PinError as e:
+                log.get("shaperd.htb").warning("bpffs pins unreadable: not collected", error=str(e))
         return out
+
+    def _unpin(self, observed: HtbObserved, keep: set[str], why: str) -> list[TargetDiff]:
+        return [TargetDiff(f"{name} (bpffs pins)", ops=[UnpinMapClassifier(device=name, ifindex=0, reason=why)])
+                for name in observed.pin_entries or () if name not in keep]
 
     def diff(self, desired: HtbPlan, observed: HtbObserved) -> list[TargetDiff]:
         out = []
@@ -82,6 +100,9 @@ class HtbBackend:
         for st in sorted(observed.devices.values(), key=lambda s: s.ifindex):
             if st.owned and st.device not in keep:
                 out.append(diff_teardown(st, "device no longer selected by node.interfaces"))
+        # Pins of devices that no longer carry the map classifier (those failing to plan keep theirs).
+        keep_pins = {dp.device for dp in desired.devices if dp.map_classifier is not None} | set(desired.skipped)
+        out.extend(self._unpin(observed, keep_pins, "no device shaped with the eBPF map classifier by that name"))
         return out
 
     def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
@@ -90,14 +111,14 @@ class HtbBackend:
         cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
         result = tc.apply_ops(self.writer, tc_ops, batch=batch)
         if cls_ops and not result.batch_failed:
-            more = bpf_classify.apply_ops(self.writer, cls_ops)
+            more = bpf_classify.apply_ops(self.writer, cls_ops, self.pins)
             result.applied.extend(more.applied)
             result.failed.extend(more.failed)
         return result
 
     def teardown(self, observed: HtbObserved) -> list[TargetDiff]:
         return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
-                if (d := diff_teardown(st)).ops]
+                if (d := diff_teardown(st)).ops] + self._unpin(observed, set(), "teardown")
 
     def stats(self, desired: HtbPlan) -> BackendStats:
         out = BackendStats(devices=tuple(dp.device for dp in desired.devices))

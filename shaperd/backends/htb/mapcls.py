@@ -209,6 +209,18 @@ class DetachMapClassifier(Operation):
         return f"bpf classifier prio {self.prio} handle 0x{self.handle:x} on clsact egress"
 
 
+@dataclass(frozen=True, kw_only=True)
+class UnpinMapClassifier(Operation):
+    """Remove shaperd's bpffs pins for a device it no longer classifies with maps (or a crash's leftovers).
+
+    ``device`` is the pin entry's name; the device itself may be gone (ifindex 0)."""
+
+    verb: ClassVar[str] = "delete"
+
+    def what(self) -> str:
+        return "bpffs pins of the eBPF map classifier"
+
+
 def diff(dev: str, idx: int, want: MapClassifier | None, have: ObservedMapClassifier | None) -> list[Operation]:
     """The writes that make the device's classifier match; none when in sync."""
     if want is None:
