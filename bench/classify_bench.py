@@ -155,7 +155,9 @@ def cmd_pps(args) -> list[dict]:
     from shaperd import log
 
     log.configure(json=True, level="error")
-    configs = [("no qdisc", None, 0), ("ebpf", "ebpf", 0), ("ebpf", "ebpf", 500), ("ebpf", "ebpf", 5000), ("ebpf", "ebpf", 50000),
+    # "htb only": an HTB root with one default class and no classifier at all (set up with tc here, a
+    # measurement fixture, not enforcement): separates HTB's own fixed cost from the classifier's.
+    configs = [("no qdisc", None, 0), ("htb only", "htb-only", 0), ("ebpf", "ebpf", 0), ("ebpf", "ebpf", 500), ("ebpf", "ebpf", 5000), ("ebpf", "ebpf", 50000),
                ("u32", "u32", 500), ("u32", "u32", 2000)]
     if args.only:
         configs = [c for c in configs if f"{c[0]}:{c[2]}" in args.only.split(",")]
@@ -167,7 +169,11 @@ def cmd_pps(args) -> list[dict]:
                 netns.run(("tc", "qdisc", "del", "dev", "up0", "root"), bed.node, check=False)
                 netns.run(("tc", "qdisc", "del", "dev", "up0", "clsact"), bed.node, check=False)
                 apply_s = None
-                if path is not None:
+                if path == "htb-only":
+                    netns.run(("tc", "qdisc", "add", "dev", "up0", "root", "handle", "1:", "htb", "default", "2"), bed.node)
+                    netns.run(("tc", "class", "add", "dev", "up0", "parent", "1:", "classid", "1:2", "htb",
+                               "rate", "100gbit"), bed.node)
+                elif path is not None:
                     cfg = config_mod.from_dict(config_dict(64, n))
                     rec = reconciler(bed, caps_for(path))
                     t = time.perf_counter()
@@ -191,7 +197,7 @@ def cmd_pps(args) -> list[dict]:
         xs = [r["pps"] for r in results if r["config"] == label and r["prefixes"] == n]
         s = summary(xs)
         loads = ", ".join(r["loadavg"].split()[0] for r in results if r["config"] == label and r["prefixes"] == n)
-        name = label if label == "no qdisc" else f"shaperd {label}, 64 tenants, {n:,} prefixes"
+        name = label if label in ("no qdisc", "htb only") else f"shaperd {label}, 64 tenants, {n:,} prefixes"
         ratio = s["median"] / statistics.median(base) if base else float("nan")
         print(f"| {name} | {s['median']:,.0f} ({s['min']:,.0f}..{s['max']:,.0f}) | {ratio:.2f} | {loads} |")
     return results
