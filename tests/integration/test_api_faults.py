@@ -30,15 +30,6 @@ pytestmark = needs_root
 FAULTS = ["500", "410-loop", "truncated", "slow-10s", "down"]
 
 
-@pytest.fixture
-def api():
-    fake = FakeKubeAPI()
-    try:
-        yield fake
-    finally:
-        fake.close()
-
-
 class Log:
     def __init__(self, path):
         self.path = path

@@ -14,12 +14,11 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 
 from shaperd.backends.htb.objects import ROOT_HANDLE
 from shaperd.backends.ids import assign_minors
 from tests import procs
-from tests.k8s_fake import FakeKubeAPI, write_kubeconfig
+from tests.k8s_fake import write_kubeconfig
 
 from .conftest import PY, needs_root, wait_for
 from .test_core import classes
@@ -42,15 +41,6 @@ tenants:
 def configmap(text: str, name: str = "training-network-isolation") -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "kubeflow"},
             "data": {"traffic-shaping.yaml": text}}
-
-
-@pytest.fixture
-def api():
-    fake = FakeKubeAPI()
-    try:
-        yield fake
-    finally:
-        fake.close()
 
 
 def test_configmap_update_reaches_the_kernel_and_a_bad_one_keeps_the_last_good(bed, tmp_path, api):

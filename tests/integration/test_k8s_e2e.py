@@ -14,13 +14,12 @@ import signal
 import subprocess
 import urllib.request
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shaperd.backends.htb.objects import ROOT_HANDLE
 from shaperd.backends.ids import assign_minors
 from tests import procs
-from tests.k8s_fake import FakeKubeAPI, make_pod, write_kubeconfig
+from tests.k8s_fake import make_pod, write_kubeconfig
 
 from .conftest import PY, SENDER, needs_root, run, wait_for
 from .test_core import classes
@@ -35,15 +34,6 @@ tenants:
 """
 MINORS = assign_minors(["tenant-a", "tenant-b"])
 A, B = ROOT_HANDLE | MINORS["tenant-a"], ROOT_HANDLE | MINORS["tenant-b"]
-
-
-@pytest.fixture
-def api():
-    fake = FakeKubeAPI()
-    try:
-        yield fake
-    finally:
-        fake.close()
 
 
 def _free_port() -> int:

@@ -21,7 +21,7 @@ import pytest
 
 from shaperd.config import load_text
 from shaperd.kernel.probe import probe_capabilities
-from tests.k8s_fake import FakeKubeAPI, write_kubeconfig
+from tests.k8s_fake import write_kubeconfig
 from tests.routed_pods import (CFG, NODE_NAME, Kernel, PodSpec, add_routed_pods, enforced, gone, remove_routed_pod,
                                state_diff, tenant_for)
 
@@ -31,15 +31,6 @@ pytestmark = needs_root
 
 CYCLES = 40
 STEADY = 6  # tenant-a by label, tenant-b by namespace, one in no tenant
-
-
-@pytest.fixture
-def api():
-    fake = FakeKubeAPI()
-    try:
-        yield fake
-    finally:
-        fake.close()
 
 
 def _ops(report) -> list[str]:

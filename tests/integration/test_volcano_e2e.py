@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import subprocess
 
-import pytest
 
 from shaperd.backends.htb.objects import ROOT_HANDLE
 from shaperd.backends.ids import assign_minors
 from shaperd.discovery.kubernetes.volcano import PODGROUPS, QUEUES
 from tests import procs
-from tests.k8s_fake import FakeKubeAPI, make_pod, write_kubeconfig
+from tests.k8s_fake import make_pod, write_kubeconfig
 
 from .conftest import PY, SENDER, needs_root, run, wait_for
 from .test_core import classes
@@ -47,15 +46,6 @@ def queue(name: str, weight: int) -> dict:
 def podgroup(name: str, ns: str, q: str) -> dict:
     return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
             "metadata": {"name": name, "namespace": ns}, "spec": {"queue": q, "minMember": 1}}
-
-
-@pytest.fixture
-def api():
-    fake = FakeKubeAPI()
-    try:
-        yield fake
-    finally:
-        fake.close()
 
 
 def _pod_ns(bed, veth: str, addr: str) -> str:

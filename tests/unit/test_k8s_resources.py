@@ -11,20 +11,10 @@ import yaml
 from shaperd.discovery.kubernetes.configmap import ConfigMapSource, parse_ref
 from shaperd.discovery.kubernetes.resources import ResourceWatcher
 from shaperd.errors import ConfigError
-from tests.k8s_fake import FakeKubeAPI
 
 ROOT = Path(__file__).resolve().parents[2]
 CMS = "/api/v1/namespaces/kubeflow/configmaps"
 PGS = "/apis/scheduling.volcano.sh/v1beta1/podgroups"
-
-
-@pytest.fixture
-def api():
-    fake = FakeKubeAPI()
-    try:
-        yield fake
-    finally:
-        fake.close()
 
 
 def _cfg(api):
