@@ -29,13 +29,13 @@ import socket
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_DELTFILTER, RTM_NEWQDISC, RTM_NEWTFILTER
-from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from ..backends.base import ApplyResult, Operation
 from ..backends.htb import mapcls
 from ..backends.htb.mapcls import MAP_SHAPES, ROLES, MapClassifier, ObservedMapClassifier
 from ..errors import KernelError
 from . import bpf, bpf_maps, bpf_pins
+from .tc import _msg as _tcmsg  # one tcmsg builder for every hand-built tc request
 
 TC_H_CLSACT = 0xFFFFFFF1
 CLSACT_HANDLE = 0xFFFF0000
@@ -353,17 +353,6 @@ def observe(filter_rows, device: str, pins: bpf_pins.PinStore | None = None) -> 
 _F_PUT = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
 
 
-def _tcmsg(msg_type: int, flags: int, ifindex: int, handle: int, parent: int, info: int = 0, kind=None, opts=None):
-    m = tcmsg()
-    m["index"], m["handle"], m["parent"], m["info"] = ifindex, handle, parent, info
-    m["header"]["type"], m["header"]["flags"] = msg_type, flags
-    attrs = []
-    if kind is not None:
-        attrs.append(["TCA_KIND", kind])
-    if opts is not None:
-        attrs.append(["TCA_OPTIONS", opts])
-    m["attrs"] = attrs
-    return m
 
 
 def _info() -> int:
