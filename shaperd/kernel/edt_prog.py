@@ -50,11 +50,10 @@ replaces. Which pins are stale is the edt backend's decision (backends/edt/diff.
 
 from __future__ import annotations
 
+import errno as errno_mod
 import os
 import struct
 from dataclasses import dataclass
-
-import errno as errno_mod
 
 from . import bpf, bpf_maps, bpf_pins
 from ..backends.base import ApplyResult

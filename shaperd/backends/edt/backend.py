@@ -6,6 +6,9 @@ PRIO_STAMPER). Shares clsact with the map classifier and others (adds it,
 never removes it). Plans only the devices tenancy.dataplanes gives to edt;
 the rates inside the stamper's maps are the rate controller's
 (shaperd/engine/edt_loop.py), not the reconcile's, so a resync never resets them.
+With bpffs pins, each stamper is pinned when loaded under the "edt-stamper"
+part of the scope (the controller reopens its maps there without
+CAP_SYS_ADMIN); this backend collects the entries of devices no longer on edt.
 """
 
 from __future__ import annotations
