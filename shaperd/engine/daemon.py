@@ -347,7 +347,7 @@ class Daemon:
         self.log.info("reconciled", changes=rep.changes, devices=len(rep.planned_devices),
                       duration_ms=round(rep.duration_s * 1000, 1), ok=rep.ok, drift_repair=drift)
         self._observe(rep, ok=not failed, drift=drift)
-        self._edt_rates(rep)
+        self._edt_rates(rep, getattr(rec, "capabilities", None))
         if failed:
             self.failures += 1
             if not _worth_retrying(rep):  # EPERM, EINVAL: asking again soon changes nothing; the resync will
@@ -358,7 +358,7 @@ class Daemon:
         self.applied_gen = gen
         return None
 
-    def _edt_rates(self, rep) -> None:
+    def _edt_rates(self, rep, caps=None) -> None:
         """Hand the edt plan to the rate controller loop (engine/edt_loop.py), starting it on first use."""
         plan = getattr(rep, "plan", None)
         edt = getattr(plan, "desired", {}).get("edt")
@@ -366,7 +366,7 @@ class Daemon:
         if self.edt_loop is None and devices:
             from .edt_loop import EdtLoop
 
-            self.edt_loop = EdtLoop(_edt_maps_opener(self.netns))
+            self.edt_loop = EdtLoop(_edt_maps_opener(self.netns, _stamper_pins(caps, self.netns)))
             self.edt_loop.start()
         if self.edt_loop is not None:
             self.edt_loop.set_targets(devices)
@@ -477,14 +477,24 @@ def _rdma_reader(roots):
     return lambda ports: read_ports(roots, ports)
 
 
-def _edt_maps_opener(netns: str | None):
-    """open_maps for the edt loop: the stamper's maps found from its filter, read on a socket of the loop's own."""
+def _stamper_pins(caps, netns: str | None):
+    """The stampers' bpffs PinStore (the same one the edt backend pins into), or None: by id."""
+    if caps is None or caps.bpf_adopt != "pins":
+        return None
+    from ..kernel import bpf_pins, edt_prog
+
+    return bpf_pins.PinStore(caps.bpf_pin_root, bpf_pins.scope_for(netns)).sub(edt_prog.STAMPER_PINS)
+
+
+def _edt_maps_opener(netns: str | None, pins=None):
+    """open_maps for the edt loop: the stamper's maps found from its filter, read on a socket of the loop's own;
+    through the bpffs ``pins`` (the "edt-stamper" PinStore) when given, else by id."""
     from ..kernel import edt_prog
     from ..kernel.rtnl import RtnlReader
 
     def open_maps(dp):
         with RtnlReader(netns) as reader:
-            return edt_prog.open_for_device(reader, dp.ifindex, dp.device, dp.stamper.name)
+            return edt_prog.open_for_device(reader, dp.ifindex, dp.device, dp.stamper.name, pins)
 
     return open_maps
 

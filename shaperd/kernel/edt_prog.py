@@ -37,15 +37,26 @@ classifier, which wrote the tenant's class id 7368:<minor> into skb->priority):
 The rates and clocks are separate maps so the controller's writes (a whole
 value at a time) never reset a clock. Keys are class minors (0..0xFFFF), so
 both are 64 Ki-entry arrays (512 KiB each) and need no per-tenant setup.
+
+Finding the maps again (the rate controller, after a restart): through the
+bpffs pins ``<root>/shaperd/<scope>/edt-stamper/<device>/{prog,map_rates,
+map_clocks,map_stats}`` when the probe found pins usable (CAP_BPF and the
+directory's permissions suffice), else by program id (BPF_*_GET_FD_BY_ID:
+CAP_SYS_ADMIN). The pins are written when the program is loaded, before the
+attach: a failed attach leaves pins of a program that is not attached, which
+``adopt_pinned`` refuses (its id is not the filter's) and the next SetStamper
+replaces. Which pins are stale is the edt backend's decision (backends/edt/diff.py).
 """
 
 from __future__ import annotations
 
+import errno as errno_mod
 import os
 import struct
 from dataclasses import dataclass
 
-from . import bpf, bpf_maps
+from . import bpf, bpf_maps, bpf_pins
+from ..backends.base import ApplyResult
 from ..backends.edt.objects import DEFAULT_KEY, KEY_SPACE, STATS_MAX_ENTRIES, Stats, stamper_name
 
 # struct __sk_buff offsets, from the one ctypes layout (kernel/bpf_maps.py).
@@ -58,6 +69,10 @@ _FN_MAP_LOOKUP, _FN_MAP_UPDATE, _FN_KTIME_GET_NS = 1, 2, 5
 _BPF_NOEXIST = 1
 HANDLE_MAJOR_CLASS = 0x7368
 STATS_VALUE = struct.Struct("<QQQ")  # bytes, packets, dropped packets (one per CPU)
+STAMPER_PINS = "edt-stamper"  # the PinStore sub-scope of the stampers' pins (a sibling of the backends' parts)
+PIN_PROG = "prog"
+MAP_NAMES = {"rates": "shpe_rates", "clocks": "shpe_clocks", "stats": "shpe_stats"}
+PIN_MAPS = {role: f"map_{role}" for role in MAP_NAMES}
 
 # opcodes (uapi linux/bpf.h, linux/bpf_common.h)
 _LDX_W, _LDX_DW, _STX_W, _STX_DW, _ST_DW = 0x61, 0x79, 0x63, 0x7B, 0x7A
@@ -242,6 +257,9 @@ class StamperMaps:
         for m in (self.rates, self.clocks, self.stats):
             m.close()
 
+    def pin_files(self) -> dict[str, int]:
+        return {PIN_MAPS["rates"]: self.rates.fd, PIN_MAPS["clocks"]: self.clocks.fd, PIN_MAPS["stats"]: self.stats.fd}
+
     def __enter__(self) -> StamperMaps:
         return self
 
@@ -332,24 +350,90 @@ def load(maps: StamperMaps, horizon_ns: int) -> int:
     return bpf.load_sched_cls(stamper(maps.rates.fd, maps.clocks.fd, maps.stats.fd, horizon_ns), name)
 
 
-def load_fresh(horizon_ns: int, initial_q16: dict[int, int]) -> int:
+def load_fresh(horizon_ns: int, initial_q16: dict[int, int], pins: bpf_pins.PinStore | None = None,
+               device: str = "") -> int:
     """New maps with the first rates written, and the stamper loaded against them; returns the program fd.
 
-    The map fds are closed before returning: the loaded program holds the
-    maps, and the controller finds them again from the attached filter's
-    program id (``adopt_maps``).
+    With ``pins`` (the "edt-stamper" part of the scope), the program and its
+    maps are pinned as ``device``'s entry, replacing what it held (PinError if
+    that fails: the program is then not attached). The map fds are closed
+    before returning: the loaded program holds the maps, and the controller
+    finds them again from the attached filter (``open_for_device``).
     """
     with create_maps() as maps:
         if initial_q16:
             maps.write_rates(initial_q16)
-        return load(maps, horizon_ns)
+        fd = load(maps, horizon_ns)
+        if pins is not None:
+            try:
+                pins.pin(device, {PIN_PROG: fd, **maps.pin_files()})
+            except BaseException:
+                os.close(fd)
+                raise
+        return fd
 
 
-def open_for_device(reader, ifindex: int, device: str, name: str) -> StamperMaps:
-    """The maps of the stamper ``name`` attached on ``device``'s clsact egress (filter dump -> program id -> maps)."""
+def adopt_pinned(pins: bpf_pins.PinStore, device: str, prog_id: int) -> StamperMaps:
+    """The maps pinned for ``device``, if its pinned program is the attached ``prog_id`` and every pinned map
+    is one of that program's, by name and id (PinError naming the device and the reason otherwise)."""
+    fds = pins.get(device)
+    got: dict[str, bpf_maps.BpfMap] = {}
+    try:
+        pfd = fds.pop(PIN_PROG, None)
+        if pfd is None:
+            raise bpf_pins.PinError(f"adopt edt stamper maps on {device}: no program pinned in {pins.path(device)}",
+                                    errno_mod.ENOENT)
+        try:
+            info = bpf_maps.prog_info(pfd)
+        finally:
+            os.close(pfd)
+        if info.id != prog_id:
+            raise bpf_pins.PinError(f"adopt edt stamper maps on {device}: pinned program id {info.id} is not the "
+                                    f"attached id {prog_id}", errno_mod.ESTALE)
+        for role, name in MAP_NAMES.items():
+            fd = fds.pop(PIN_MAPS[role], None)
+            if fd is None:
+                raise bpf_pins.PinError(f"adopt edt stamper maps on {device}: map {role} not pinned", errno_mod.ENOENT)
+            try:
+                mi = bpf_maps.map_info(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            got[role] = bpf_maps.BpfMap(fd, mi.type, mi.key_size, mi.value_size, mi.max_entries, mi.name, mi.id)
+            if mi.id not in info.map_ids or mi.name != name:
+                raise bpf_pins.PinError(f"adopt edt stamper maps on {device}: pinned map {role} (id {mi.id}, "
+                                        f"{mi.name or '?'}) is not a map of program id {prog_id}", errno_mod.ESTALE)
+    except BaseException:
+        for m in got.values():
+            m.close()
+        raise
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return StamperMaps(got["rates"], got["clocks"], got["stats"])
+
+
+def open_for_device(reader, ifindex: int, device: str, name: str,
+                    pins: bpf_pins.PinStore | None = None) -> StamperMaps:
+    """The maps of the stamper ``name`` attached on ``device``'s clsact egress (filter dump -> program id ->
+    maps): through ``pins`` (the "edt-stamper" part of the scope) when given, else by id (CAP_SYS_ADMIN)."""
     from ..backends.edt.objects import PRIO_STAMPER
 
     for f in reader.filters(ifindex, 0xFFFFFFF3, device):
         if f.kind == "bpf" and f.prio == PRIO_STAMPER and f.name == name and f.prog_id:
-            return adopt_maps(f.prog_id)
+            return adopt_pinned(pins, device, f.prog_id) if pins is not None else adopt_maps(f.prog_id)
     raise bpf_maps.BpfMapError(f"find edt stamper {name} on {device}: not attached (clsact egress prio {PRIO_STAMPER})")
+
+
+def apply_unpins(ops, pins: bpf_pins.PinStore | None):
+    """Execute edt.UnpinStamper operations: remove each device's stamper pins (never outside ``pins``)."""
+    result = ApplyResult()
+    for op in ops:
+        try:
+            if pins is None:
+                raise bpf_pins.PinError(f"remove edt stamper pins of {op.device}: no bpffs pin root in use")
+            pins.remove(op.device)
+            result.applied.append(op)
+        except bpf_pins.PinError as e:
+            result.failed.append((op, op.error(str(e), e.errno)))
+    return result

@@ -74,9 +74,22 @@ def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None) -> Capab
     if not bpf_ok:
         notes.append(f"cls_bpf unavailable ({bpf_why}): match.interfaces cannot be enforced")
     maps_ok, adopt = _classifier_note(how, maps_why, notes)
+    fq = mq = _edt_assumed(bpf_ok, adopt, notes)
     return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
                         bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
-                        notes=tuple(notes))
+                        notes=tuple(notes), fq=fq, mq=mq)
+
+
+def _edt_assumed(bpf_ok: bool, adopt: str, notes: list[str]) -> bool:
+    """Without a probe namespace, edt is offered only where its stamper's maps come back after a restart
+    without CAP_SYS_ADMIN: through bpffs pins. sch_fq and mq are then assumed, like htb and u32."""
+    if bpf_ok and adopt == "pins":
+        notes.append("edt: assuming sch_fq and mq (not tested without a probe namespace); "
+                     "stamper maps adopted through bpffs pins")
+        return True
+    notes.append("edt unavailable: sch_fq and mq not tested without a probe namespace, and the stamper's maps "
+                 "need bpffs pins (or CAP_SYS_ADMIN) to be found again (node.dataplane edt/auto fall back to htb)")
+    return False
 
 
 def _classifier_note(how: str, why: str, notes: list[str]) -> tuple[bool, str]:

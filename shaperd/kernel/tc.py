@@ -278,9 +278,10 @@ ENCODERS = {
                                             _info(op.prio, ETH_P_ALL), "bpf"),
 }
 
-# Operations whose program needs maps made and filled first: op -> its program fd (kernel/edt_prog.py).
+# Operations whose program needs maps made and filled first: (op, PinStore or None) -> its program fd
+# (kernel/edt_prog.py; with a store, the program and maps are pinned as the device's entry).
 LOADERS = {
-    edt.SetStamper: lambda op: edt_prog.load_fresh(op.stamper.horizon_ns, dict(op.initial_q16)),
+    edt.SetStamper: lambda op, pins: edt_prog.load_fresh(op.stamper.horizon_ns, dict(op.initial_q16), pins, op.device),
 }
 
 # Operations that attach a generated program: how to build its bytecode, and its name.
@@ -302,8 +303,11 @@ def build_message(op: Operation, bpf_fd: int | None = None):
     return encode(op, bpf_fd)
 
 
-def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, sleep=time.sleep) -> ApplyResult:
+def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, sleep=time.sleep,
+              pins=None) -> ApplyResult:
     """Execute ``ops`` (all on one device) in order, within the device's budget.
+
+    ``pins``: the bpffs PinStore LOADERS pin their programs and maps in (the edt stampers'), or None.
 
     ``batch``: bounded netlink batches, every request acked (kernel/nlwriter.py). A refusal or lost
     answers set ``batch_failed``: the caller must re-read the device and re-diff, because u32 filter
@@ -329,7 +333,7 @@ def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, sle
     try:
         if batch:
             try:
-                encoders = [_encoder(build_message(op, _bpf_fd(op, fds))) for op in ops]
+                encoders = [_encoder(build_message(op, _bpf_fd(op, fds, pins))) for op in ops]
             except KernelError:
                 result.batch_failed = True
                 return result
@@ -348,7 +352,7 @@ def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, sle
                 result.failed += [(o, o.error(cause, errno_mod.ETIMEDOUT)) for o in ops[i:]]
                 break
             try:
-                enc = _encoder(build_message(op, _bpf_fd(op, fds)))
+                enc = _encoder(build_message(op, _bpf_fd(op, fds, pins)))
             except KernelError as e:
                 result.failed.append((op, e))
                 continue
@@ -399,12 +403,12 @@ def _cause(code: int, text: str) -> str:
     return f"{os.strerror(code)} ({text})" if text else os.strerror(code)
 
 
-def _bpf_fd(op: Operation, fds: list[int]) -> int | None:
+def _bpf_fd(op: Operation, fds: list[int], pins=None) -> int | None:
     """Load the program an operation attaches; the fd is closed after the request."""
     loader = LOADERS.get(type(op))
     if loader is not None:
         try:
-            fd = loader(op)
+            fd = loader(op, pins)
         except (bpf.BpfError, OSError, ValueError) as e:
             raise KernelError("load", op.what(), op.device, str(e)) from e
         fds.append(fd)

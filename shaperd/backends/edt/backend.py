@@ -6,6 +6,9 @@ PRIO_STAMPER). Shares clsact with the map classifier and others (adds it,
 never removes it). Plans only the devices tenancy.dataplanes gives to edt;
 the rates inside the stamper's maps are the rate controller's
 (shaperd/engine/edt_loop.py), not the reconcile's, so a resync never resets them.
+With bpffs pins, each stamper is pinned when loaded under the "edt-stamper"
+part of the scope (the controller reopens its maps there without
+CAP_SYS_ADMIN); this backend collects the entries of devices no longer on edt.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from dataclasses import dataclass, field
 
 from ...errors import KernelError
 from ...inventory import Capabilities, Inventory
-from ...kernel import bpf_classify, bpf_pins, tc
+from ...kernel import bpf_classify, bpf_pins, edt_prog, tc
 from ...kernel.rtnl_rows import TC_H_ROOT
 from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
 from ..htb.mapcls import UnpinMapClassifier
 from ..marks.objects import TC_H_CLSACT
-from .diff import diff_device, diff_teardown
+from .diff import diff_device, diff_teardown, stale_stamper_pins
+from .ops import UnpinStamper
 from .objects import EDT_MAJOR, PRIO_STAMPER, ROOT_HANDLE, EdtDeviceState, FqQdisc
 from .plan import EdtPlan, plan
 from .select import edt_missing
@@ -33,6 +37,8 @@ class EdtObserved:
     errors: dict[int, str] = field(default_factory=dict)
     # Entries under edt's part of the bpffs pin scope; None without pins or unreadable.
     pin_entries: list[str] | None = None
+    # Entries under the stampers' part (edt-stamper); None without pins or unreadable.
+    stamper_pin_entries: list[str] | None = None
 
 
 def device_states(reads, inv: Inventory, pins: bpf_pins.PinStore | None = None) -> EdtObserved:
@@ -76,6 +82,8 @@ class EdtBackend:
         self.take_over = take_over
         # The map classifier on edt uplinks is adopted through these bpffs pins (None: by id).
         self.pins = pins.sub("edt") if pins is not None else None
+        # The stampers' programs and maps are pinned here when loaded; the rate controller reopens them.
+        self.stamper_pins = pins.sub(edt_prog.STAMPER_PINS) if pins is not None else None
 
     def probe(self, caps: Capabilities) -> Support:
         missing = edt_missing(caps)
@@ -94,6 +102,11 @@ class EdtBackend:
                 out.pin_entries = self.pins.entries()
             except bpf_pins.PinError:
                 pass  # not collected this time; the classifier itself was read (or not) above
+        if self.stamper_pins is not None:
+            try:
+                out.stamper_pin_entries = self.stamper_pins.entries()
+            except bpf_pins.PinError:
+                pass  # not collected this time
         return out
 
     def _unpin(self, observed: EdtObserved, keep: set[str], why: str) -> list[TargetDiff]:
@@ -122,22 +135,30 @@ class EdtBackend:
                 out.append(td)
         keep_pins = {dp.device for dp in desired.devices if dp.map_classifier is not None} | set(desired.skipped)
         out.extend(self._unpin(observed, keep_pins, "no edt device with the eBPF map classifier by that name"))
+        out.extend(stale_stamper_pins(observed.stamper_pin_entries, {dp.device for dp in desired.devices}
+                                      | set(desired.skipped), "device no longer on the edt data plane"))
         return out
 
     def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
         # tc objects first (root, clsact, stamper), then the map classifier's writes (as the htb backend does).
-        tc_ops = [op for op in diff.ops if not bpf_classify.is_classifier_op(op)]
+        unpins = [op for op in diff.ops if isinstance(op, UnpinStamper)]
+        tc_ops = [op for op in diff.ops if not bpf_classify.is_classifier_op(op) and not isinstance(op, UnpinStamper)]
         cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
-        result = tc.apply_ops(self.writer, tc_ops, batch=batch)
+        result = tc.apply_ops(self.writer, tc_ops, batch=batch, pins=self.stamper_pins)
         if cls_ops and not result.batch_failed:
             more = bpf_classify.apply_ops(self.writer, cls_ops, self.pins)
+            result.applied.extend(more.applied)
+            result.failed.extend(more.failed)
+        if unpins and not result.batch_failed:
+            more = edt_prog.apply_unpins(unpins, self.stamper_pins)
             result.applied.extend(more.applied)
             result.failed.extend(more.failed)
         return result
 
     def teardown(self, observed: EdtObserved) -> list[TargetDiff]:
         return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
-                if (d := diff_teardown(st)).ops] + self._unpin(observed, set(), "teardown")
+                if (d := diff_teardown(st)).ops] + self._unpin(observed, set(), "teardown") + \
+            stale_stamper_pins(observed.stamper_pin_entries, set(), "teardown")
 
     def render(self, desired: EdtPlan) -> str:
         from .render import render

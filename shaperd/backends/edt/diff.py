@@ -16,7 +16,7 @@ from ..marks.ops import AddClsact
 from ..htb import mapcls
 from . import plan as planmod
 from .objects import PRIO_STAMPER, ROOT_HANDLE, EdtDevicePlan, EdtDeviceState
-from .ops import DeleteRoot, DeleteStamper, SetFq, SetRoot, SetStamper
+from .ops import DeleteRoot, DeleteStamper, SetFq, SetRoot, SetStamper, UnpinStamper
 
 
 def replaceable(st: EdtDeviceState) -> bool:
@@ -64,3 +64,11 @@ def diff_teardown(st: EdtDeviceState, keep_root: bool = False, reason: str = "")
     if st.owned and not keep_root:
         td.ops.append(DeleteRoot(handle=ROOT_HANDLE, **kw))
     return td
+
+
+def stale_stamper_pins(entries: list[str] | None, keep: set[str], reason: str) -> list[TargetDiff]:
+    """Unpin every stamper pin entry (device name, or a temporary entry a crash left) not in ``keep``.
+
+    ``entries`` None (no pins in use, or unreadable this time): nothing is collected."""
+    return [TargetDiff(f"{name} (edt stamper bpffs pins)", ops=[UnpinStamper(device=name, ifindex=0, reason=reason)])
+            for name in entries or () if name not in keep]

@@ -70,3 +70,13 @@ class DeleteStamper(Operation):
 
     def what(self) -> str:
         return f"edt stamper {self.name or '?'} (clsact egress prio {self.prio})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnpinStamper(Operation):
+    """Remove the bpffs pins of a stamper no longer on ``device`` (the "edt-stamper" part of the pin scope)."""
+
+    verb: ClassVar[str] = "remove"
+
+    def what(self) -> str:
+        return "edt stamper bpffs pins"

@@ -1,0 +1,21 @@
+"""The daemon's edt rate loop opens the stampers' maps through the same bpffs PinStore the edt backend
+pins into (the "edt-stamper" part of the reconciler's scope) when the probe chose pins, else by id."""
+
+from __future__ import annotations
+
+from shaperd.backends.edt.backend import EdtBackend
+from shaperd.engine import daemon
+from shaperd.inventory import Capabilities
+from shaperd.kernel import bpf_pins
+
+
+def test_the_loop_uses_the_backends_stamper_pins_when_the_probe_chose_pins():
+    caps = Capabilities(bpf_adopt="pins", bpf_pin_root="/fs")
+    got = daemon._stamper_pins(caps, "n1")
+    want = EdtBackend(writer=None, pins=bpf_pins.PinStore("/fs", bpf_pins.scope_for("n1"))).stamper_pins
+    assert got is not None and got.base == want.base == bpf_pins.PinStore("/fs", "netns-n1").base / "edt-stamper"
+
+
+def test_by_id_without_pins():
+    assert daemon._stamper_pins(Capabilities(bpf_adopt="id"), None) is None
+    assert daemon._stamper_pins(None, None) is None

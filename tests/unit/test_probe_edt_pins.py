@@ -1,0 +1,27 @@
+"""The probe without a probe namespace (no CAP_SYS_ADMIN, the DaemonSet's case): edt is offered exactly
+when the stamper's maps come back through bpffs pins, never when only by-id adoption (or none) is left."""
+
+from __future__ import annotations
+
+import pytest
+
+from shaperd.backends.edt.select import edt_missing
+from shaperd.kernel import bpf, bpf_classify, probe
+
+
+@pytest.mark.parametrize("how, edt", [("pins", True), ("id", False), ("", False)])
+def test_edt_without_a_probe_namespace_needs_the_pins(monkeypatch, tmp_path, how, edt):
+    monkeypatch.delenv("SHAPERD_CLASSIFIER", raising=False)
+    monkeypatch.setattr(bpf, "bpf_supported", lambda: (True, ""))
+    monkeypatch.setattr(bpf_classify, "probe_load", lambda root: (how, "why"))
+    caps = probe._assumed("capability probe skipped (EPERM)", str(tmp_path), str(tmp_path))
+    assert (caps.fq, caps.mq) == (edt, edt)
+    assert (edt_missing(caps) == []) is edt
+    assert any(n.startswith("edt: assuming" if edt else "edt unavailable") for n in caps.notes)
+
+
+def test_no_bpf_means_no_edt_even_with_pins(monkeypatch, tmp_path):
+    monkeypatch.setattr(bpf, "bpf_supported", lambda: (False, "EPERM"))
+    monkeypatch.setattr(bpf_classify, "probe_load", lambda root: ("pins", "why"))
+    caps = probe._assumed("skipped", str(tmp_path), str(tmp_path))
+    assert not caps.fq and "cls_bpf/bpf() unavailable" in edt_missing(caps)
