@@ -43,8 +43,8 @@ TC_H_CLSACT_EGRESS = 0xFFFFFFF3
 ETH_P_ALL = 0x0003
 _MAP_TYPES = {"hash": bpf_maps.MAP_HASH, "array": bpf_maps.MAP_ARRAY, "lpm_trie": bpf_maps.MAP_LPM_TRIE}
 _MAP_NAMES = {r: f"shpd_{r}" for r in ROLES}
-PIN_PROG = "prog"
-_PIN_MAPS = {r: f"map_{r}" for r in ROLES}
+PIN_PROG = bpf_pins.PIN_PROG
+_PIN_MAPS = {r: bpf_pins.pin_map(r) for r in ROLES}
 
 # __sk_buff offsets (uapi linux/bpf.h)
 _SKB_MARK, _SKB_PROTOCOL, _SKB_PRIORITY, _SKB_INGRESS_IFINDEX = 8, 16, 32, 36
@@ -224,72 +224,13 @@ class ClassifierMaps:
     @classmethod
     def adopt(cls, prog_id: int) -> ClassifierMaps:
         """The maps of the attached program ``prog_id`` (BpfMapError if it is gone or not ours)."""
-        fd = bpf_maps.prog_fd_by_id(prog_id)
-        try:
-            ids = bpf_maps.prog_info(fd).map_ids
-        finally:
-            os.close(fd)
-        maps: dict[str, bpf_maps.BpfMap] = {}
-        by_name = {v: k for k, v in _MAP_NAMES.items()}
-        try:
-            for mid in ids:
-                m = bpf_maps.open_map_by_id(mid)
-                role = by_name.get(m.name)
-                if role is None or role in maps:
-                    m.close()
-                    continue
-                maps[role] = m
-        except BaseException:
-            for m in maps.values():
-                m.close()
-            raise
-        missing = [r for r in ROLES if r not in maps]
-        if missing:
-            for m in maps.values():
-                m.close()
-            raise bpf_maps.BpfMapError(f"adopt classifier prog id {prog_id}: maps {missing} not found", errno_mod.ENOENT)
-        return cls(maps)
+        return cls(bpf_maps.maps_of_prog(prog_id, _MAP_NAMES, "classifier"))
 
     @classmethod
     def adopt_pinned(cls, pins: bpf_pins.PinStore, device: str, prog_id: int) -> ClassifierMaps:
         """The maps pinned for ``device``, if its pinned program is the attached ``prog_id`` and every
         pinned map is one of that program's (BpfMapError otherwise: the classifier is then replaced)."""
-        fds = pins.get(device)
-        maps: dict[str, bpf_maps.BpfMap] = {}
-        try:
-            pfd = fds.pop(PIN_PROG, None)
-            if pfd is None:
-                raise bpf_pins.PinError(f"adopt classifier on {device}: no program pinned in {pins.path(device)}",
-                                        errno_mod.ENOENT)
-            try:
-                info = bpf_maps.prog_info(pfd)
-            finally:
-                os.close(pfd)
-            if info.id != prog_id:
-                raise bpf_pins.PinError(f"adopt classifier on {device}: pinned program id {info.id} is not the "
-                                        f"attached id {prog_id}", errno_mod.ESTALE)
-            for role in ROLES:
-                fd = fds.pop(_PIN_MAPS[role], None)
-                if fd is None:
-                    raise bpf_pins.PinError(f"adopt classifier on {device}: map {role} not pinned", errno_mod.ENOENT)
-                try:
-                    mi = bpf_maps.map_info(fd)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                maps[role] = bpf_maps.BpfMap(fd, mi.type, mi.key_size, mi.value_size, mi.max_entries, mi.name, mi.id)
-                if mi.id not in info.map_ids or mi.name != _MAP_NAMES[role]:
-                    raise bpf_pins.PinError(f"adopt classifier on {device}: pinned map {role} (id {mi.id}, "
-                                            f"{mi.name or '?'}) is not a map of program id {prog_id}",
-                                            errno_mod.ESTALE)
-        except BaseException:
-            for m in maps.values():
-                m.close()
-            raise
-        finally:
-            for fd in fds.values():
-                os.close(fd)
-        return cls(maps)
+        return cls(bpf_pins.adopt_pinned(pins, device, prog_id, _MAP_NAMES, "classifier"))
 
     @classmethod
     def open(cls, pins: bpf_pins.PinStore | None, device: str, prog_id: int) -> ClassifierMaps:

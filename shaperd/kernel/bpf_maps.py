@@ -30,6 +30,7 @@ import errno as _errno
 import functools
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .bpf import BpfError, _syscall
@@ -509,15 +510,47 @@ def map_fd_by_id(map_id: int) -> int:
     return _fd_by_id(_MAP_GET_FD_BY_ID, map_id, "BPF map")
 
 
-def open_map_by_id(map_id: int) -> BpfMap:
-    """A ``BpfMap`` for an existing map (adoption after an agent restart)."""
-    fd = map_fd_by_id(map_id)
+def map_from_fd(fd: int) -> BpfMap:
+    """A ``BpfMap`` owning ``fd``, an existing map's (by id or from a pin); the fd is closed on failure."""
     try:
         mi = map_info(fd)
     except BaseException:
         os.close(fd)
         raise
     return BpfMap(fd, mi.type, mi.key_size, mi.value_size, mi.max_entries, mi.name, mi.id)
+
+
+def open_map_by_id(map_id: int) -> BpfMap:
+    """A ``BpfMap`` for an existing map (adoption after an agent restart)."""
+    return map_from_fd(map_fd_by_id(map_id))
+
+
+def maps_of_prog(prog_id: int, names: Mapping[str, str], what: str) -> dict[str, BpfMap]:
+    """The maps of the attached program ``prog_id`` by role, recognised by name (``names``: role -> map
+    name); the first map of each name wins. BpfMapError if one is missing. Needs CAP_SYS_ADMIN (by id)."""
+    fd = prog_fd_by_id(prog_id)
+    try:
+        ids = prog_info(fd).map_ids
+    finally:
+        os.close(fd)
+    role_of = {name: role for role, name in names.items()}
+    maps: dict[str, BpfMap] = {}
+    try:
+        for mid in ids:
+            m = open_map_by_id(mid)
+            role = role_of.get(m.name)
+            if role is None or role in maps:
+                m.close()
+            else:
+                maps[role] = m
+        missing = [r for r in names if r not in maps]
+        if missing:
+            raise BpfMapError(f"adopt {what} prog id {prog_id}: maps {missing} not found", _errno.ENOENT)
+    except BaseException:
+        for m in maps.values():
+            m.close()
+        raise
+    return maps
 
 
 # ------------------------------------------------------------------- test run

@@ -45,6 +45,14 @@ class PinError(BpfMapError):
     """A pin could not be written, read or removed."""
 
 
+# Entry names inside one device's pin directory: the program, and one per map role.
+PIN_PROG = "prog"
+
+
+def pin_map(role: str) -> str:
+    return f"map_{role}"
+
+
 class _ObjAttr(ctypes.Structure):
     _fields_ = [("pathname", ctypes.c_uint64), ("bpf_fd", ctypes.c_uint32), ("file_flags", ctypes.c_uint32),
                 ("path_fd", ctypes.c_int32)]
@@ -226,3 +234,38 @@ def _alive(pid: int) -> bool:
 def scope_for(netns: str | None) -> str:
     """The scope of an agent: "host", or "netns-<name>" for a named network namespace."""
     return f"netns-{netns}" if netns else "host"
+
+
+def adopt_pinned(pins: PinStore, device: str, prog_id: int, names, what: str) -> dict[str, bpf_maps.BpfMap]:
+    """The maps pinned for ``device`` by role (``names``: role -> map name), if its pinned program is the
+    attached ``prog_id`` and every pinned map is one of that program's, by id and name. PinError naming the
+    device and the reason otherwise (the caller then replaces what is attached)."""
+    fds = pins.get(device)
+    got: dict[str, bpf_maps.BpfMap] = {}
+    try:
+        pfd = fds.pop(PIN_PROG, None)
+        if pfd is None:
+            raise PinError(f"adopt {what} on {device}: no program pinned in {pins.path(device)}", errno_mod.ENOENT)
+        try:
+            info = bpf_maps.prog_info(pfd)
+        finally:
+            os.close(pfd)
+        if info.id != prog_id:
+            raise PinError(f"adopt {what} on {device}: pinned program id {info.id} is not the attached id {prog_id}",
+                           errno_mod.ESTALE)
+        for role, name in names.items():
+            fd = fds.pop(pin_map(role), None)
+            if fd is None:
+                raise PinError(f"adopt {what} on {device}: map {role} not pinned", errno_mod.ENOENT)
+            m = got[role] = bpf_maps.map_from_fd(fd)
+            if m.id not in info.map_ids or m.name != name:
+                raise PinError(f"adopt {what} on {device}: pinned map {role} (id {m.id}, {m.name or '?'}) "
+                               f"is not a map of program id {prog_id}", errno_mod.ESTALE)
+    except BaseException:
+        for m in got.values():
+            m.close()
+        raise
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return got

@@ -50,7 +50,6 @@ replaces. Which pins are stale is the edt backend's decision (backends/edt/diff.
 
 from __future__ import annotations
 
-import errno as errno_mod
 import os
 import struct
 from dataclasses import dataclass
@@ -70,9 +69,9 @@ _BPF_NOEXIST = 1
 HANDLE_MAJOR_CLASS = 0x7368
 STATS_VALUE = struct.Struct("<QQQ")  # bytes, packets, dropped packets (one per CPU)
 STAMPER_PINS = "edt-stamper"  # the PinStore sub-scope of the stampers' pins (a sibling of the backends' parts)
-PIN_PROG = "prog"
+PIN_PROG = bpf_pins.PIN_PROG
 MAP_NAMES = {"rates": "shpe_rates", "clocks": "shpe_clocks", "stats": "shpe_stats"}
-PIN_MAPS = {role: f"map_{role}" for role in MAP_NAMES}
+PIN_MAPS = {role: bpf_pins.pin_map(role) for role in MAP_NAMES}
 
 # opcodes (uapi linux/bpf.h, linux/bpf_common.h)
 _LDX_W, _LDX_DW, _STX_W, _STX_DW, _ST_DW = 0x61, 0x79, 0x63, 0x7B, 0x7A
@@ -323,25 +322,9 @@ def create_maps(device: str = "") -> StamperMaps:
 
 
 def adopt_maps(prog_id: int) -> StamperMaps:
-    """The maps of an attached stamper, found from its program id (after an agent restart)."""
-    fd = bpf_maps.prog_fd_by_id(prog_id)
-    try:
-        info = bpf_maps.prog_info(fd)
-    finally:
-        os.close(fd)
-    by_name: dict[str, bpf_maps.BpfMap] = {}
-    for mid in info.map_ids:
-        m = bpf_maps.open_map_by_id(mid)
-        if m.name in ("shpe_rates", "shpe_clocks", "shpe_stats") and m.name not in by_name:
-            by_name[m.name] = m
-        else:
-            m.close()
-    missing = {"shpe_rates", "shpe_clocks", "shpe_stats"} - set(by_name)
-    if missing:
-        for m in by_name.values():
-            m.close()
-        raise bpf_maps.BpfMapError(f"adopt maps of BPF program id {prog_id}: missing {', '.join(sorted(missing))}")
-    return StamperMaps(by_name["shpe_rates"], by_name["shpe_clocks"], by_name["shpe_stats"])
+    """The maps of an attached stamper, found from its program id (after an agent restart; CAP_SYS_ADMIN)."""
+    got = bpf_maps.maps_of_prog(prog_id, MAP_NAMES, "edt stamper maps")
+    return StamperMaps(got["rates"], got["clocks"], got["stats"])
 
 
 def load(maps: StamperMaps, horizon_ns: int) -> int:
@@ -376,40 +359,7 @@ def load_fresh(horizon_ns: int, initial_q16: dict[int, int], pins: bpf_pins.PinS
 def adopt_pinned(pins: bpf_pins.PinStore, device: str, prog_id: int) -> StamperMaps:
     """The maps pinned for ``device``, if its pinned program is the attached ``prog_id`` and every pinned map
     is one of that program's, by name and id (PinError naming the device and the reason otherwise)."""
-    fds = pins.get(device)
-    got: dict[str, bpf_maps.BpfMap] = {}
-    try:
-        pfd = fds.pop(PIN_PROG, None)
-        if pfd is None:
-            raise bpf_pins.PinError(f"adopt edt stamper maps on {device}: no program pinned in {pins.path(device)}",
-                                    errno_mod.ENOENT)
-        try:
-            info = bpf_maps.prog_info(pfd)
-        finally:
-            os.close(pfd)
-        if info.id != prog_id:
-            raise bpf_pins.PinError(f"adopt edt stamper maps on {device}: pinned program id {info.id} is not the "
-                                    f"attached id {prog_id}", errno_mod.ESTALE)
-        for role, name in MAP_NAMES.items():
-            fd = fds.pop(PIN_MAPS[role], None)
-            if fd is None:
-                raise bpf_pins.PinError(f"adopt edt stamper maps on {device}: map {role} not pinned", errno_mod.ENOENT)
-            try:
-                mi = bpf_maps.map_info(fd)
-            except BaseException:
-                os.close(fd)
-                raise
-            got[role] = bpf_maps.BpfMap(fd, mi.type, mi.key_size, mi.value_size, mi.max_entries, mi.name, mi.id)
-            if mi.id not in info.map_ids or mi.name != name:
-                raise bpf_pins.PinError(f"adopt edt stamper maps on {device}: pinned map {role} (id {mi.id}, "
-                                        f"{mi.name or '?'}) is not a map of program id {prog_id}", errno_mod.ESTALE)
-    except BaseException:
-        for m in got.values():
-            m.close()
-        raise
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+    got = bpf_pins.adopt_pinned(pins, device, prog_id, MAP_NAMES, "edt stamper maps")
     return StamperMaps(got["rates"], got["clocks"], got["stats"])
 
 
