@@ -20,7 +20,7 @@ from ...inventory import Capabilities, Inventory
 from ...kernel import bpf_classify, bpf_pins, edt_prog, tc
 from ...kernel.rtnl_rows import TC_H_ROOT
 from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
-from ..htb.mapcls import UnpinMapClassifier
+from ..htb.mapcls import stale_pins
 from ..marks.objects import TC_H_CLSACT
 from .diff import diff_device, diff_teardown, stale_stamper_pins
 from .ops import UnpinStamper
@@ -109,10 +109,6 @@ class EdtBackend:
                 pass  # not collected this time
         return out
 
-    def _unpin(self, observed: EdtObserved, keep: set[str], why: str) -> list[TargetDiff]:
-        return [TargetDiff(f"{name} (bpffs pins)", ops=[UnpinMapClassifier(device=name, ifindex=0, reason=why)])
-                for name in observed.pin_entries or () if name not in keep]
-
     def diff(self, desired: EdtPlan, observed: EdtObserved) -> list[TargetDiff]:
         out = []
         for dp in desired.devices:
@@ -134,7 +130,8 @@ class EdtBackend:
             if td.ops:
                 out.append(td)
         keep_pins = {dp.device for dp in desired.devices if dp.map_classifier is not None} | set(desired.skipped)
-        out.extend(self._unpin(observed, keep_pins, "no edt device with the eBPF map classifier by that name"))
+        out.extend(stale_pins(observed.pin_entries, keep_pins,
+                              "no edt device with the eBPF map classifier by that name"))
         out.extend(stale_stamper_pins(observed.stamper_pin_entries, {dp.device for dp in desired.devices}
                                       | set(desired.skipped), "device no longer on the edt data plane"))
         return out
@@ -157,7 +154,7 @@ class EdtBackend:
 
     def teardown(self, observed: EdtObserved) -> list[TargetDiff]:
         return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
-                if (d := diff_teardown(st)).ops] + self._unpin(observed, set(), "teardown") + \
+                if (d := diff_teardown(st)).ops] + stale_pins(observed.pin_entries, set(), "teardown") + \
             stale_stamper_pins(observed.stamper_pin_entries, set(), "teardown")
 
     def render(self, desired: EdtPlan) -> str:

@@ -18,7 +18,7 @@ from ...kernel import bpf_classify, bpf_pins, tc
 from ..base import ApplyResult, BackendStats, ClassTarget, PlanInput, Support, TargetDiff
 from . import observe as obs
 from .diff import diff_device, diff_teardown
-from .mapcls import UnpinMapClassifier
+from .mapcls import stale_pins
 from .objects import DeviceState
 from .plan import HtbPlan, HtbSettings, plan
 
@@ -80,10 +80,6 @@ class HtbBackend:
                 log.get("shaperd.htb").warning("bpffs pins unreadable: not collected", error=str(e))
         return out
 
-    def _unpin(self, observed: HtbObserved, keep: set[str], why: str) -> list[TargetDiff]:
-        return [TargetDiff(f"{name} (bpffs pins)", ops=[UnpinMapClassifier(device=name, ifindex=0, reason=why)])
-                for name in observed.pin_entries or () if name not in keep]
-
     def diff(self, desired: HtbPlan, observed: HtbObserved) -> list[TargetDiff]:
         out = []
         for dp in desired.devices:
@@ -102,7 +98,8 @@ class HtbBackend:
                 out.append(diff_teardown(st, "device no longer selected by node.interfaces"))
         # Pins of devices that no longer carry the map classifier (those failing to plan keep theirs).
         keep_pins = {dp.device for dp in desired.devices if dp.map_classifier is not None} | set(desired.skipped)
-        out.extend(self._unpin(observed, keep_pins, "no device shaped with the eBPF map classifier by that name"))
+        out.extend(stale_pins(observed.pin_entries, keep_pins,
+                              "no device shaped with the eBPF map classifier by that name"))
         return out
 
     def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
@@ -118,7 +115,7 @@ class HtbBackend:
 
     def teardown(self, observed: HtbObserved) -> list[TargetDiff]:
         return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
-                if (d := diff_teardown(st)).ops] + self._unpin(observed, set(), "teardown")
+                if (d := diff_teardown(st)).ops] + stale_pins(observed.pin_entries, set(), "teardown")
 
     def stats(self, desired: HtbPlan) -> BackendStats:
         out = BackendStats(devices=tuple(dp.device for dp in desired.devices))

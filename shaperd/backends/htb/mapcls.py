@@ -32,7 +32,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..base import Operation
+from ..base import Operation, TargetDiff
 from .objects import DstScope
 
 # Bump when the program's semantics change: the name changes, so a running
@@ -219,6 +219,12 @@ class UnpinMapClassifier(Operation):
 
     def what(self) -> str:
         return "bpffs pins of the eBPF map classifier"
+
+
+def stale_pins(entries, keep: set[str], reason: str) -> list[TargetDiff]:
+    """Unpin every pinned device entry not in ``keep`` (shared by the backends that pin the classifier)."""
+    return [TargetDiff(f"{name} (bpffs pins)", ops=[UnpinMapClassifier(device=name, ifindex=0, reason=reason)])
+            for name in entries or () if name not in keep]
 
 
 def diff(dev: str, idx: int, want: MapClassifier | None, have: ObservedMapClassifier | None) -> list[Operation]:
