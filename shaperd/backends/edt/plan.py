@@ -31,12 +31,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ...config import Config, check_guarantee_sum, default_reserve_bps
+from ...config import Config, default_reserve_bps
 from ...errors import ConfigProblem
 from ...inventory import Inventory, Link
 from ...tenancy import Tenancy
-from ...units import format_rate
-from ..htb.plan import ETH_HLEN, GSO_MAX_BYTES, LINK_SPEED_USABLE
+from ..htb.plan import GSO_MAX_BYTES, checked_capacity
 from ..ids import assign_minors
 from . import controller
 from .objects import (
@@ -121,17 +120,8 @@ def plan_device(cfg: Config, link: Link, minors: dict[str, int]) -> tuple[EdtDev
     def bad(path: str, msg: str) -> None:
         problems.append(ConfigProblem(path, f"{msg} (device {link.name}, dataplane edt)"))
 
-    capacity = cfg.node.capacity_bps
-    if capacity is None and link.speed_bps:
-        capacity = link.speed_bps * LINK_SPEED_USABLE[0] // LINK_SPEED_USABLE[1]
+    capacity = checked_capacity(cfg, link, bad)
     if capacity is None:
-        bad("node.capacity", f"required: the kernel reports no link speed for {link.kind or 'this'} device {link.name}")
-        return None, problems
-    for i, t in enumerate(cfg.tenants):
-        if t.limit_bps is not None and t.limit_bps > capacity:
-            bad(f"tenants[{i}].bandwidthLimit", f"limit {format_rate(t.limit_bps)} is above capacity {format_rate(capacity)}")
-    check_guarantee_sum(capacity, cfg.node.reserve_bps, cfg.tenants, bad, where="capacity")
-    if problems:
         return None, problems
     reserve = cfg.node.reserve_bps if cfg.node.reserve_bps is not None else default_reserve_bps(capacity)
     lowest = min((t.priority for t in cfg.tenants), default=0) - 1

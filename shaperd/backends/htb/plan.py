@@ -56,6 +56,29 @@ ETH_HLEN = 14
 GSO_MAX_BYTES = 65536
 
 
+def checked_capacity(cfg: Config, link: Link, bad) -> int | None:
+    """The capacity shaped on ``link`` (node.capacity, else LINK_SPEED_USABLE of its speed), with the
+    checks every data plane needs (a capacity exists, no limit above it, guarantees fit); None, after
+    ``bad(path, message)`` calls, when one fails. Shared by the htb and edt planners."""
+    failed: list[str] = []
+
+    def note(path: str, msg: str) -> None:
+        failed.append(path)
+        bad(path, msg)
+
+    capacity = cfg.node.capacity_bps
+    if capacity is None and link.speed_bps:
+        capacity = link.speed_bps * LINK_SPEED_USABLE[0] // LINK_SPEED_USABLE[1]
+    if capacity is None:
+        note("node.capacity", f"required: the kernel reports no link speed for {link.kind or 'this'} device {link.name}")
+        return None
+    for i, t in enumerate(cfg.tenants):
+        if t.limit_bps is not None and t.limit_bps > capacity:
+            note(f"tenants[{i}].bandwidthLimit", f"limit {format_rate(t.limit_bps)} is above capacity {format_rate(capacity)}")
+    check_guarantee_sum(capacity, cfg.node.reserve_bps, cfg.tenants, note, where="capacity")
+    return None if failed else capacity
+
+
 @dataclass(frozen=True)
 class HtbSettings:
     """How HTB parameters are sized from a class's rate. Each default says why."""
@@ -196,17 +219,8 @@ def plan_device(
     def bad(path: str, msg: str) -> None:
         problems.append(ConfigProblem(path, f"{msg} (device {link.name})"))
 
-    capacity = cfg.node.capacity_bps
-    if capacity is None and link.speed_bps:
-        capacity = link.speed_bps * LINK_SPEED_USABLE[0] // LINK_SPEED_USABLE[1]
+    capacity = checked_capacity(cfg, link, bad)
     if capacity is None:
-        bad("node.capacity", f"required: the kernel reports no link speed for {link.kind or 'this'} device {link.name}")
-        return None, problems
-    for i, t in enumerate(cfg.tenants):
-        if t.limit_bps is not None and t.limit_bps > capacity:
-            bad(f"tenants[{i}].bandwidthLimit", f"limit {format_rate(t.limit_bps)} is above capacity {format_rate(capacity)}")
-    check_guarantee_sum(capacity, cfg.node.reserve_bps, cfg.tenants, bad, where="capacity")
-    if problems:
         return None, problems
 
     root_cls = classid(ROOT_CLASS_MINOR)
