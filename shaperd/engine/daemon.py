@@ -29,7 +29,7 @@ import time
 from .. import log
 from ..config import Config, load_text
 from ..errors import ConfigError, KernelError, ShaperdError
-from .config_watch import ConfigWatch, FileStamp, stamp  # noqa: F401  (FileStamp, stamp: re-exported)
+from .config_watch import ConfigWatch
 
 FILE_POLL_S = 1.0
 # Coalesce a burst of link/tc events (including the echo of our own writes) into one reconcile.
