@@ -126,7 +126,8 @@ def _reconciler(args, probe: bool = True, pods_source=None, pod_resources=None, 
     from .kernel.probe import probe_capabilities
 
     if probe and os.geteuid() == 0:
-        caps = probe_capabilities(bpffs_root=str(_roots(args).bpffs) if getattr(args, "bpffs_root", "") else None)
+        caps = probe_capabilities(bpffs_root=str(_roots(args).bpffs) if getattr(args, "bpffs_root", "") else None,
+                                  roots=_roots(args))
     else:
         # Without root nothing can be probed: plan for the common kernel set.
         caps = Capabilities(bpf=True, leaf_kinds=frozenset({"bfifo"}),

@@ -40,6 +40,13 @@ class Capabilities:
     # The edt data plane's needs (kernel/probe.py): sch_fq and mq qdiscs.
     fq: bool = False
     mq: bool = False
+    # Without a probe namespace: (module, "present" | "absent" | "unknown", evidence) per tc kind, read from the
+    # kernel's files (kernel/qdisc_kinds.py). "unknown" sch_fq or mq is offered and verified at apply.
+    kinds: tuple[tuple[str, str, str], ...] = ()
+
+    def kind(self, module: str) -> tuple[str, str] | None:
+        """(state, evidence) of ``module`` ("sch_fq") where the probe read evidence instead of testing."""
+        return next(((s, e) for m, s, e in self.kinds if m == module), None)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Filesystem roots: where /sys, /proc, /run and the kubelet's directory and the bpffs are, in one object.
+"""Filesystem roots: where /sys, /proc, /run, the kubelet's directory, the bpffs and /lib/modules are, in one object.
 
 Every reader of sysfs, procfs, cgroups, named network namespaces and the
 kubelet's sockets takes its paths from a Roots, so tests (and an agent in a
@@ -20,10 +20,15 @@ class Roots:
     kubelet: Path = Path("/var/lib/kubelet")
     # The bpffs under which shaperd pins its classifier (in <bpffs>/shaperd/ only).
     bpffs: Path = Path("/sys/fs/bpf")
+    # The kernel's module tree (modules.builtin, modules.dep per release) and its config files: evidence of
+    # which qdisc kinds the kernel has where no probe namespace can test them (kernel/qdisc_kinds.py).
+    modules: Path = Path("/lib/modules")
+    boot: Path = Path("/boot")
 
     @classmethod
-    def of(cls, sys="/sys", proc="/proc", run="/run", kubelet="/var/lib/kubelet", bpffs="/sys/fs/bpf") -> "Roots":
-        return cls(Path(sys), Path(proc), Path(run), Path(kubelet), Path(bpffs))
+    def of(cls, sys="/sys", proc="/proc", run="/run", kubelet="/var/lib/kubelet", bpffs="/sys/fs/bpf",
+           modules="/lib/modules", boot="/boot") -> "Roots":
+        return cls(Path(sys), Path(proc), Path(run), Path(kubelet), Path(bpffs), Path(modules), Path(boot))
 
     def net_class(self, ifname: str) -> Path:
         """/sys/class/net/<ifname>."""

@@ -37,7 +37,8 @@ class Tenancy:
         return {l.name for l in self.uplinks}
 
 
-def tenancy(cfg: Config, inv: Inventory) -> Tenancy:
+def tenancy(cfg: Config, inv: Inventory, refused: dict | None = None) -> Tenancy:
+    """``refused``: backend name -> {device: (ifindex, reason)} its apply found the kernel refuses (PlanInput.refused)."""
     devices, warnings = select_devices(cfg, inv)
     shaped = {d.name for d in devices}
     ifmap, ifwarn = interface_classes(cfg, inv, shaped)
@@ -53,7 +54,7 @@ def tenancy(cfg: Config, inv: Inventory) -> Tenancy:
         for problem in pod.problems:
             if pod.uid in by_pod:
                 warnings.append(f"pod {pod.ref} (tenant {by_pod[pod.uid]}): {problem}")
-    planes, planewarn = select_dataplanes(cfg, devices, inv.capabilities)
+    planes, planewarn = select_dataplanes(cfg, devices, inv.capabilities, (refused or {}).get("edt"))
     warnings.extend(planewarn)
     return Tenancy(uplinks=tuple(devices), interfaces=ifmap, pod_tenants=by_pod, marks=marks,
                    warnings=tuple(warnings), dataplanes=planes)

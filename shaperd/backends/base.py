@@ -123,6 +123,9 @@ class PlanInput:
     config: Config
     inventory: Inventory
     tenancy: Any  # shaperd.tenancy.Tenancy
+    # backend name -> {device: (ifindex, reason)}: what a backend's apply found this kernel refuses there
+    # (its ``refused(inv)``, remembered in memory by the backend, forgotten on restart). Data, not state.
+    refused: dict = field(default_factory=dict)
 
 
 class Desired(Protocol):

@@ -27,6 +27,7 @@ from ..inventory import Capabilities, Inventory
 from ..kernel.rtnl import CachedReads
 from ..roots import DEFAULT, Roots
 from ..tenancy import Tenancy, tenancy
+from . import fallback
 
 
 @dataclass
@@ -171,15 +172,22 @@ class Reconciler:
     def plan(self, cfg: Config, inv: Inventory | None = None) -> PlanResult:
         """Pure given the inventory: every enabled backend's desired state."""
         inv = inv or self.inventory(cfg)
-        ctx = PlanInput(cfg, inv, tenancy(cfg, inv))
+        ctx = self._plan_input(cfg, inv)
         return PlanResult(ctx.tenancy, {b.name: b.plan(ctx) for b in self.enabled})
 
     # -- the reconcile ---------------------------------------------------------
     def diff(self, cfg: Config) -> Report:
         return self._reconcile(cfg, write=False)
 
+    def _plan_input(self, cfg: Config, inv: Inventory) -> PlanInput:
+        refused = fallback.collect(self.enabled, inv)  # what earlier applies found this kernel refuses, as data
+        return PlanInput(cfg, inv, tenancy(cfg, inv, refused), refused)
+
     def apply(self, cfg: Config) -> Report:
+        before = fallback.collect(self.enabled, None)
         rep = self._reconcile(cfg, write=True)
+        if fallback.added(before, fallback.collect(self.enabled, None)):  # a new refusal: plan and apply its fallback now
+            rep = fallback.merged(rep, self._reconcile(cfg, write=True))
         for pr in rep.problems:
             self.log.error("device not shaped", problem=str(pr))
         for w in rep.plan.warnings:
@@ -194,7 +202,7 @@ class Reconciler:
     def _reconcile(self, cfg: Config, write: bool) -> Report:
         start = time.perf_counter()
         inv = self.inventory(cfg)
-        ctx = PlanInput(cfg, inv, tenancy(cfg, inv))
+        ctx = self._plan_input(cfg, inv)
         reads = CachedReads(self.reader)  # one node-wide qdisc dump serves every backend
         desired: dict[str, Any] = {}
         outcomes = []

@@ -25,6 +25,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ..inventory import Capabilities
+from ..roots import Roots
 from . import tc as _tc  # noqa: F401 - registers the bfifo codec with pyroute2
 
 CLONE_NEWNET = 0x40000000
@@ -43,29 +44,41 @@ def default_qdisc(procfs_root: str = "/proc") -> str | None:
         return None
 
 
-def probe_capabilities(procfs_root: str = "/proc", run_root: str = "/run", bpffs_root: str | None = None) -> Capabilities:
+def probe_capabilities(procfs_root: str = "/proc", run_root: str = "/run", bpffs_root: str | None = None,
+                       roots: Roots | None = None) -> Capabilities:
     """``bpffs_root``: where the map classifier's pins go (None: by-id adoption only; the CLI passes
-    --bpffs-root, default /sys/fs/bpf)."""
+    --bpffs-root, default /sys/fs/bpf). ``roots``: where the kernel's evidence files are read when no
+    probe namespace can be made (default: /proc = ``procfs_root``, /sys, /lib/modules, /boot)."""
+    roots = roots or Roots(proc=Path(procfs_root))
+    procfs_root = str(roots.proc)
     sweep_stale(Path(run_root) / "netns")
     box: dict = {}
     t = threading.Thread(target=_in_own_netns, args=(box, bpffs_root), name="shaperd-probe", daemon=True)
     t.start()
     t.join(PROBE_TIMEOUT_S)
     if t.is_alive():
-        return _assumed(f"capability probe gave no answer within {PROBE_TIMEOUT_S:g} s", procfs_root, bpffs_root)
+        return _assumed(f"capability probe gave no answer within {PROBE_TIMEOUT_S:g} s", procfs_root, bpffs_root,
+                        roots)
     if "error" in box:
         e = box["error"]
-        return _assumed(f"capability probe skipped ({getattr(e, 'strerror', None) or e})", procfs_root, bpffs_root)
+        return _assumed(f"capability probe skipped ({getattr(e, 'strerror', None) or e})", procfs_root, bpffs_root,
+                        roots)
     return box["caps"]
 
 
-def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None) -> Capabilities:
+def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None, roots: Roots | None = None) -> Capabilities:
     """No throwaway namespace (no CAP_SYS_ADMIN: the DaemonSet and the systemd unit drop it, or no netns
     support): assume the common kernel set and say so. Loading a do-nothing SCHED_CLS program touches no
-    device, so cls_bpf is still tested here rather than assumed missing."""
-    from . import bpf, bpf_classify
+    device, so cls_bpf is still tested here rather than assumed missing. What edt needs (sch_fq, mq) is
+    read from the kernel's own files instead (kernel/qdisc_kinds.py): absent is not offered, unknown is
+    offered and verified at apply (backends/edt/refusals.py)."""
+    from . import bpf, bpf_classify, qdisc_kinds
 
+    roots = roots or Roots(proc=Path(procfs_root))
+    kinds = qdisc_kinds.evidence_all(roots)
     bpf_ok, bpf_why = bpf.bpf_supported()
+    if bpf_ok and kinds["cls_bpf"].state == qdisc_kinds.ABSENT:  # programs load, but nothing can attach them
+        bpf_ok, bpf_why = False, str(kinds["cls_bpf"])
     # The map classifier: its maps made, its program loaded and got back, not attached (no probe device).
     how, maps_why = bpf_classify.probe_load(bpffs_root) if bpf_ok else ("", "cls_bpf unavailable")
     # fq_codel leaves when the node's default qdisc is fq_codel (systemd's default): it exists there.
@@ -74,22 +87,38 @@ def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None) -> Capab
     if not bpf_ok:
         notes.append(f"cls_bpf unavailable ({bpf_why}): match.interfaces cannot be enforced")
     maps_ok, adopt = _classifier_note(how, maps_why, notes)
-    fq = mq = _edt_assumed(bpf_ok, adopt, notes)
+    for m in ("sch_htb", "cls_u32"):
+        if kinds[m].state == qdisc_kinds.ABSENT:
+            notes.append(f"kernel evidence: {kinds[m]} (assumed anyway: writes needing it fail, naming it)")
+    fq, mq = _edt_assumed(bpf_ok, adopt, notes, kinds)
     return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
                         bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
-                        notes=tuple(notes), fq=fq, mq=mq)
+                        notes=tuple(notes), fq=fq, mq=mq,
+                        kinds=tuple((e.module, e.state, e.evidence) for e in kinds.values()))
 
 
-def _edt_assumed(bpf_ok: bool, adopt: str, notes: list[str]) -> bool:
-    """Without a probe namespace, edt is offered only where its stamper's maps come back after a restart
-    without CAP_SYS_ADMIN: through bpffs pins. sch_fq and mq are then assumed, like htb and u32."""
-    if bpf_ok and adopt == "pins":
-        notes.append("edt: assuming sch_fq and mq (not tested without a probe namespace); "
-                     "stamper maps adopted through bpffs pins")
-        return True
-    notes.append("edt unavailable: sch_fq and mq not tested without a probe namespace, and the stamper's maps "
-                 "need bpffs pins (or CAP_SYS_ADMIN) to be found again (node.dataplane edt/auto fall back to htb)")
-    return False
+def _edt_assumed(bpf_ok: bool, adopt: str, notes: list[str], kinds: dict) -> tuple[bool, bool]:
+    """(fq, mq) without a probe namespace. edt is offered only where its stamper's maps come back after a
+    restart without CAP_SYS_ADMIN (bpffs pins) and the kernel's files do not say sch_fq, mq or cls_bpf is
+    absent; a kind they cannot tell about (unknown) is verified when first applied on each device."""
+    from .qdisc_kinds import ABSENT, UNKNOWN
+
+    if not (bpf_ok and adopt == "pins"):
+        notes.append("edt unavailable: sch_fq and mq not tested without a probe namespace, and the stamper's maps "
+                     "need bpffs pins (or CAP_SYS_ADMIN) to be found again (node.dataplane edt/auto fall back to htb)")
+        return False, False
+    absent = [str(kinds[m]) for m in ("sch_fq", "sch_mq", "cls_bpf") if kinds[m].state == ABSENT]
+    if absent:
+        notes.append(f"edt unavailable: {'; '.join(absent)} (node.dataplane edt/auto fall back to htb)")
+        return kinds["sch_fq"].state != ABSENT, kinds["sch_mq"].state != ABSENT
+    unknown = [str(kinds[m]) for m in ("sch_fq", "sch_mq") if kinds[m].state == UNKNOWN]
+    if unknown:
+        notes.append(f"edt: {'; '.join(unknown)}: offered and verified when first applied on each device "
+                     "(a device whose kernel refuses the kind falls back to htb); stamper maps adopted through "
+                     "bpffs pins")
+    else:
+        notes.append(f"edt: {kinds['sch_fq']}; {kinds['sch_mq']}; stamper maps adopted through bpffs pins")
+    return True, True
 
 
 def _classifier_note(how: str, why: str, notes: list[str]) -> tuple[bool, str]:

@@ -7,6 +7,12 @@ import pytest
 
 from shaperd.backends.edt.select import edt_missing
 from shaperd.kernel import bpf, bpf_classify, probe
+from shaperd.roots import Roots
+
+
+def _empty(tmp_path) -> Roots:
+    """A fixture tree with no evidence either way about sch_fq (unknown: offered, verified at apply)."""
+    return Roots.of(sys=tmp_path / "sys", proc=tmp_path, modules=tmp_path / "modules", boot=tmp_path / "boot")
 
 
 @pytest.mark.parametrize("how, edt", [("pins", True), ("id", False), ("", False)])
@@ -14,14 +20,14 @@ def test_edt_without_a_probe_namespace_needs_the_pins(monkeypatch, tmp_path, how
     monkeypatch.delenv("SHAPERD_CLASSIFIER", raising=False)
     monkeypatch.setattr(bpf, "bpf_supported", lambda: (True, ""))
     monkeypatch.setattr(bpf_classify, "probe_load", lambda root: (how, "why"))
-    caps = probe._assumed("capability probe skipped (EPERM)", str(tmp_path), str(tmp_path))
+    caps = probe._assumed("capability probe skipped (EPERM)", str(tmp_path), str(tmp_path), _empty(tmp_path))
     assert (caps.fq, caps.mq) == (edt, edt)
     assert (edt_missing(caps) == []) is edt
-    assert any(n.startswith("edt: assuming" if edt else "edt unavailable") for n in caps.notes)
+    assert any(n.startswith("edt: sch_fq unknown" if edt else "edt unavailable") for n in caps.notes)
 
 
 def test_no_bpf_means_no_edt_even_with_pins(monkeypatch, tmp_path):
     monkeypatch.setattr(bpf, "bpf_supported", lambda: (False, "EPERM"))
     monkeypatch.setattr(bpf_classify, "probe_load", lambda root: ("pins", "why"))
-    caps = probe._assumed("skipped", str(tmp_path), str(tmp_path))
+    caps = probe._assumed("skipped", str(tmp_path), str(tmp_path), _empty(tmp_path))
     assert not caps.fq and "cls_bpf/bpf() unavailable" in edt_missing(caps)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ... import log
 from ...errors import KernelError
 from ...inventory import Capabilities, Inventory
 from ...kernel import bpf_classify, bpf_pins, edt_prog, tc
@@ -23,7 +24,8 @@ from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
 from ..htb.mapcls import stale_pins
 from ..marks.objects import TC_H_CLSACT
 from .diff import diff_device, diff_teardown, stale_stamper_pins
-from .ops import UnpinStamper
+from .ops import DeleteRoot, SetFq, SetRoot, UnpinStamper
+from .refusals import Refusals, first_refusal, refusal_of
 from .objects import EDT_MAJOR, PRIO_STAMPER, ROOT_HANDLE, EdtDeviceState, FqQdisc
 from .plan import EdtPlan, plan
 from .select import edt_missing
@@ -84,6 +86,8 @@ class EdtBackend:
         self.pins = pins.sub("edt") if pins is not None else None
         # The stampers' programs and maps are pinned here when loaded; the rate controller reopens them.
         self.stamper_pins = pins.sub(edt_prog.STAMPER_PINS) if pins is not None else None
+        # Devices whose kernel refused sch_fq/mq at apply: on htb until restart or the device goes away.
+        self.refusals = Refusals()
 
     def probe(self, caps: Capabilities) -> Support:
         missing = edt_missing(caps)
@@ -93,7 +97,11 @@ class EdtBackend:
         return Support(True)
 
     def plan(self, ctx: PlanInput) -> EdtPlan:
-        return plan(ctx.config, ctx.inventory, ctx.tenancy, self.take_over)
+        return plan(ctx.config, ctx.inventory, ctx.tenancy, self.take_over, ctx.refused.get(self.name))
+
+    def refused(self, inv: Inventory) -> dict[str, tuple[int, str]]:
+        """Devices where the kernel refused edt (device -> (ifindex, reason)); gone or recreated ones forgotten."""
+        return self.refusals.current(inv)
 
     def observe(self, reads, inv: Inventory) -> EdtObserved:
         out = device_states(reads, inv, self.pins)
@@ -141,7 +149,16 @@ class EdtBackend:
         unpins = [op for op in diff.ops if isinstance(op, UnpinStamper)]
         tc_ops = [op for op in diff.ops if not bpf_classify.is_classifier_op(op) and not isinstance(op, UnpinStamper)]
         cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
+        if not batch:  # one by one: the qdiscs first, so a kernel that does not know a kind is caught before the rest
+            qdisc_ops = [op for op in tc_ops if isinstance(op, (SetRoot, SetFq))]
+            first = tc.apply_ops(self.writer, qdisc_ops, batch=False)
+            reason = first_refusal(first.failed)
+            if reason is not None:
+                return self._refuse(diff, qdisc_ops, first, reason)
+            tc_ops = [op for op in tc_ops if op not in qdisc_ops]
         result = tc.apply_ops(self.writer, tc_ops, batch=batch, pins=self.stamper_pins)
+        if not batch:
+            result.applied[:0], result.failed[:0] = first.applied, first.failed
         if cls_ops and not result.batch_failed:
             more = bpf_classify.apply_ops(self.writer, cls_ops, self.pins)
             result.applied.extend(more.applied)
@@ -151,6 +168,26 @@ class EdtBackend:
             result.applied.extend(more.applied)
             result.failed.extend(more.failed)
         return result
+
+    def _refuse(self, diff: TargetDiff, qdisc_ops: list, first: ApplyResult, reason: str) -> ApplyResult:
+        """The kernel does not know sch_fq (or mq): undo this apply's root, remember the device, warn once.
+
+        The refused writes are not reported as failures: the device is not left unenforced, the next plan
+        (the engine reconciles again at once) puts it on htb, which replaces whatever edt root is left and
+        takes over the map classifier; edt's teardown of the device there removes a stamper an earlier
+        batch may have attached."""
+        dev, idx = diff.target, qdisc_ops[0].ifindex
+        root_failed = any(isinstance(op, SetRoot) for op, _e in first.failed)
+        undo = [] if root_failed else [DeleteRoot(handle=ROOT_HANDLE, device=dev, ifindex=idx,
+                                                  reason="edt refused by the kernel: back to htb")]
+        failed = [(op, e) for op, e in first.failed if refusal_of(op, e) is None]
+        if undo:
+            done = tc.apply_ops(self.writer, undo, batch=False)
+            first.applied.extend(done.applied)
+            failed.extend(done.failed)
+        if self.refusals.add(dev, idx, reason):
+            log.get("shaperd.edt").warning("edt refused; the device goes to htb", device=dev, reason=reason)
+        return ApplyResult(applied=first.applied, failed=failed)
 
     def teardown(self, observed: EdtObserved) -> list[TargetDiff]:
         return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)

@@ -60,6 +60,8 @@ class EdtPlan:
     htb_devices: tuple[str, ...] = ()
     take_over: bool = False
     tenant_keys: dict[str, int] = field(default_factory=dict, compare=False)
+    # Uplinks on htb because applying edt there failed (backends/edt/refusals.py): device -> why.
+    refused: dict[str, str] = field(default_factory=dict, compare=False)
 
     def device(self, name: str) -> EdtDevicePlan | None:
         return next((d for d in self.devices if d.device == name), None)
@@ -84,7 +86,8 @@ def fq_sizing(capacity_bps: int, tx_queues: int, max_limit_bps: int, h_ns: int, 
     return limit, flow, fq_horizon_ns(h_ns, min_rate_bps) // 1000
 
 
-def plan(cfg: Config, inv: Inventory, ten: Tenancy, take_over: bool = False) -> EdtPlan:
+def plan(cfg: Config, inv: Inventory, ten: Tenancy, take_over: bool = False,
+         refused: dict[str, tuple[int, str]] | None = None) -> EdtPlan:
     problems: list[ConfigProblem] = []
     warnings: list[str] = []
     devices: list[EdtDevicePlan] = []
@@ -100,8 +103,10 @@ def plan(cfg: Config, inv: Inventory, ten: Tenancy, take_over: bool = False) -> 
         else:
             devices.append(replace(dp, map_classifier=_map_classifier(cfg, inv, link, ten, warnings)))
     htb = tuple(sorted(l.name for l in ten.uplinks if ten.dataplanes.get(l.name, "htb") == "htb"))
+    why = {l.name: refused[l.name][1] for l in ten.uplinks
+           if l.name in (refused or {}) and refused[l.name][0] == l.ifindex and ten.dataplanes.get(l.name) == "htb"}
     return EdtPlan(tuple(devices), tuple(problems), tuple(warnings), tuple(skipped), htb, take_over or cfg.node.take_over,
-                   {t.name: minors[t.name] for t in cfg.tenants})
+                   {t.name: minors[t.name] for t in cfg.tenants}, why)
 
 
 def _map_classifier(cfg: Config, inv: Inventory, link: Link, ten: Tenancy, warnings: list[str]):

@@ -6,6 +6,9 @@ The rule (documented in README, "EDT data plane"):
 - ``edt``: every uplink gets mq + sch_fq + the stamper, if the kernel has
   sch_fq, mq and cls_bpf; otherwise HTB, with a warning naming what is missing
   (bad input never costs enforcement).
+- a device where applying edt failed because the kernel does not know a
+  qdisc kind (backends/edt/refusals.py) is on htb, with a warning, until the
+  daemon restarts or the device goes away.
 - ``auto``: edt where the kernel has all three AND the uplink's capacity
   (node.capacity, else the reported link speed) is at least
   ``AUTO_EDT_MIN_BPS``; htb everywhere else. Below that rate one HTB lock
@@ -18,6 +21,8 @@ Pure: no I/O. Shared by every backend through the tenancy (shaperd/tenancy.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ...config import Config
 from ...inventory import Capabilities, Link
 
@@ -27,24 +32,33 @@ AUTO_EDT_MIN_BPS = 10_000_000_000
 def edt_missing(caps: Capabilities) -> list[str]:
     """What this kernel lacks for the edt data plane (empty: it can run)."""
     missing = []
-    if not caps.fq:
-        missing.append("sch_fq missing")
-    if not caps.mq:
-        missing.append("mq missing")
+    for ok, module, name in ((caps.fq, "sch_fq", "sch_fq"), (caps.mq, "sch_mq", "mq")):
+        if not ok:
+            ev = caps.kind(module)  # the kernel's files, where no probe namespace could test it
+            missing.append(f"{name} missing ({ev[1]})" if ev else f"{name} missing")
     if not caps.bpf:
         missing.append("cls_bpf/bpf() unavailable")
     return missing
 
 
-def select(cfg: Config, links: tuple[Link, ...] | list[Link], caps: Capabilities) -> tuple[dict[str, str], list[str]]:
-    """device name -> "htb" | "edt" for each uplink, and the warnings an operator must see."""
+def select(cfg: Config, links: tuple[Link, ...] | list[Link], caps: Capabilities,
+           refused: Mapping[str, tuple[int, str]] | None = None) -> tuple[dict[str, str], list[str]]:
+    """device name -> "htb" | "edt" for each uplink, and the warnings an operator must see.
+
+    ``refused``: device -> (ifindex, reason) where an apply found the kernel refuses edt
+    (backends/edt/refusals.py); honoured only while the device has that ifindex (a new device is re-verified)."""
     mode = cfg.node.dataplane
     out: dict[str, str] = {}
     warnings: list[str] = []
     missing = edt_missing(caps)
+    refused = refused or {}
     for link in links:
         if mode == "htb":
             out[link.name] = "htb"
+        elif not missing and refused.get(link.name, (None,))[0] == link.ifindex:
+            out[link.name] = "htb"
+            warnings.append(f"node.dataplane {mode} on {link.name}: edt refused: {refused[link.name][1]}; "
+                            "enforcing with htb")
         elif missing:
             out[link.name] = "htb"
             if mode == "edt":
