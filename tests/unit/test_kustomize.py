@@ -236,6 +236,14 @@ def test_the_agent_is_hardened_and_each_capability_is_needed(rendered):
     assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert spec["priorityClassName"] == "system-node-critical" and {"operator": "Exists"} in spec["tolerations"]
     assert all("mountPropagation" not in m for m in c["volumeMounts"])
+    # The probe's evidence of sch_fq/mq without SYS_ADMIN (kernel/qdisc_kinds.py): the host's module tree,
+    # read-only, where Roots() reads it (shaperd/roots.py).
+    from shaperd.roots import Roots
+
+    mods = next(m for m in c["volumeMounts"] if m["mountPath"] == str(Roots().modules))
+    assert mods.get("readOnly") is True
+    (vol,) = [v for v in spec["volumes"] if v["name"] == mods["name"]]
+    assert vol["hostPath"]["path"] == "/lib/modules" and vol["hostPath"].get("type") in (None, "", "Directory")
     req, lim = c["resources"]["requests"], c["resources"]["limits"]
     mib = lambda q: int(q.removesuffix("Mi"))  # noqa: E731
     assert mib(req["memory"]) >= 85 and mib(lim["memory"]) >= 2 * mib(req["memory"])  # measured 85 MiB RSS
