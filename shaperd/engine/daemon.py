@@ -407,7 +407,7 @@ class Daemon:
 
         from ..report import edt_metrics
 
-        edt_metrics.install(self.metrics, lambda: self.edt_loop)
+        edt_metrics.install(self.metrics, lambda: self.edt_loop, rec.backends)
         try:
             server = MetricsServer(self.metrics_address, self.metrics, self.web_config_file)
         except (OSError, ValueError) as e:

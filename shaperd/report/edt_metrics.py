@@ -8,7 +8,11 @@ the kernel:
 - ``shaperd_tenant_edt_measured_bytes_per_second{tenant,device}``: what the
   stamper passed over the controller's last window;
 - ``shaperd_edt_device_controlled{device}``: 1 while the loop steps the
-  device, 0 while its maps cannot be read (the error is in the log).
+  device, 0 while its maps cannot be read (the error is in the log);
+- ``shaperd_edt_refused{device}``: 1 for each device where node.dataplane asked
+  for edt but the kernel refused it at apply (a qdisc kind it does not know),
+  so htb enforces there until the daemon restarts (the reason is in the log
+  line "edt refused; the device goes to htb"; backends/edt/refusals.py).
 
 Values are bytes per second (Prometheus base units), the loop's bit/s divided by 8.
 Traffic of no tenant appears as tenant ``(none)``. No loop (no uplink on the
@@ -23,8 +27,10 @@ from prometheus_client.registry import Collector
 
 
 class EdtCollector(Collector):
-    def __init__(self, loop_source):
+    def __init__(self, loop_source, backends=()):
         self.loop_source = loop_source  # () -> EdtLoop | None (the daemon starts it on first use)
+        # The edt backend keeps its refusals (device -> (ifindex, reason)); read at scrape time.
+        self.refusals = next((b for b in backends if getattr(b, "name", "") == "edt" and hasattr(b, "refused")), None)
 
     def collect(self):
         rate = GaugeMetricFamily("shaperd_tenant_edt_rate_bytes_per_second",
@@ -47,7 +53,14 @@ class EdtCollector(Collector):
         yield rate
         yield seen
         yield ok
+        if self.refusals is not None:
+            refused = GaugeMetricFamily("shaperd_edt_refused",
+                                        "1 where the kernel refused the edt data plane at apply (htb enforces there)",
+                                        labels=["device"])
+            for dev in sorted(self.refusals.refused(None)):
+                refused.add_metric([dev], 1)
+            yield refused
 
 
-def install(metrics, loop_source) -> None:
-    metrics.collectors.collectors["edt"] = EdtCollector(loop_source)
+def install(metrics, loop_source, backends=()) -> None:
+    metrics.collectors.collectors["edt"] = EdtCollector(loop_source, backends)

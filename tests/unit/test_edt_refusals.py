@@ -209,3 +209,16 @@ def test_engine_replans_at_once_after_a_refusal_then_stays_put(tmp_path):
     reader.rows = [LinkRow(1, "lo", "", 65536, True), LinkRow(3, "eth0", "", 1500, True)]  # a new eth0
     rec.apply(EDT)
     assert edt.writes == writes[1] + 1  # re-verified on the new device
+
+
+def test_the_refusal_is_a_metric_per_device():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from shaperd.report.edt_metrics import EdtCollector
+
+    be = EdtBackend(writer=None)
+    reg = CollectorRegistry()
+    reg.register(EdtCollector(lambda: None, [be]))
+    assert b'shaperd_edt_refused{' not in generate_latest(reg)
+    be.refusals.add("up0", 7, "the kernel does not know qdisc kind fq")
+    assert 'shaperd_edt_refused{device="up0"} 1.0' in generate_latest(reg).decode()
