@@ -356,6 +356,34 @@ def load_fresh(horizon_ns: int, initial_q16: dict[int, int], pins: bpf_pins.PinS
         return fd
 
 
+def probe_load(pin_root: str | None, horizon_ns: int = 100_000_000) -> tuple[bool, str]:
+    """Without a probe device (no CAP_SYS_ADMIN): can this process load the stamper and get its maps back
+    after a restart? Creates its maps, loads it (the verifier's rules for this process's capabilities), pins
+    it in a throwaway scope under ``pin_root``, adopts it from there, removes the scope. Attaches nothing.
+    (ok, what was shown or why not)."""
+    if not pin_root:
+        return False, "no bpffs root configured (by id needs CAP_SYS_ADMIN)"
+    try:
+        store = bpf_pins.probe_store(pin_root)
+    except ValueError as e:
+        return False, str(e)
+    try:
+        fd = load_fresh(horizon_ns, {}, store, "probe")
+        try:
+            with adopt_pinned(store, "probe", bpf_maps.prog_info(fd).id) as maps:
+                maps.read_rates([DEFAULT_KEY])
+        finally:
+            os.close(fd)
+    except (bpf.BpfError, OSError) as e:
+        return False, f"load the edt stamper: {e}"
+    finally:
+        try:
+            store.remove_scope()
+        except bpf.BpfError:
+            pass
+    return True, f"the stamper loads and its maps are adopted through bpffs pins under {pin_root}"
+
+
 def adopt_pinned(pins: bpf_pins.PinStore, device: str, prog_id: int) -> StamperMaps:
     """The maps pinned for ``device``, if its pinned program is the attached ``prog_id`` and every pinned map
     is one of that program's, by name and id (PinError naming the device and the reason otherwise)."""

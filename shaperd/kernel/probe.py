@@ -90,11 +90,25 @@ def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None, roots: R
     for m in ("sch_htb", "cls_u32"):
         if kinds[m].state == qdisc_kinds.ABSENT:
             notes.append(f"kernel evidence: {kinds[m]} (assumed anyway: writes needing it fail, naming it)")
-    fq, mq = _edt_assumed(bpf_ok, adopt, notes, kinds)
+    fq, mq = _edt_assumed(bpf_ok, _stamper_adopt(bpf_ok, bpffs_root, notes), notes, kinds)
     return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
                         bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
                         notes=tuple(notes), fq=fq, mq=mq,
                         kinds=tuple((e.module, e.state, e.evidence) for e in kinds.values()))
+
+
+def _stamper_adopt(bpf_ok: bool, bpffs_root: str | None, notes: list[str]) -> str:
+    """"pins" where the edt stamper itself loads and comes back through bpffs pins (its own program: the
+    map classifier's verdict says nothing about it; on Debian's 6.1 without CAP_PERFMON the verifier
+    refuses the classifier but not necessarily the stamper), else ""."""
+    from . import edt_prog
+
+    if not bpf_ok:
+        return ""
+    ok, why = edt_prog.probe_load(bpffs_root)
+    if not ok:
+        notes.append(f"edt stamper: {why}")
+    return "pins" if ok else ""
 
 
 def _edt_assumed(bpf_ok: bool, adopt: str, notes: list[str], kinds: dict) -> tuple[bool, bool]:
@@ -104,8 +118,8 @@ def _edt_assumed(bpf_ok: bool, adopt: str, notes: list[str], kinds: dict) -> tup
     from .qdisc_kinds import ABSENT, UNKNOWN
 
     if not (bpf_ok and adopt == "pins"):
-        notes.append("edt unavailable: sch_fq and mq not tested without a probe namespace, and the stamper's maps "
-                     "need bpffs pins (or CAP_SYS_ADMIN) to be found again (node.dataplane edt/auto fall back to htb)")
+        notes.append("edt unavailable: without a probe namespace the stamper must load and its maps come back "
+                     "through bpffs pins (by id needs CAP_SYS_ADMIN) (node.dataplane edt/auto fall back to htb)")
         return False, False
     absent = [str(kinds[m]) for m in ("sch_fq", "sch_mq", "cls_bpf") if kinds[m].state == ABSENT]
     if absent:

@@ -6,6 +6,7 @@ OUTDIR/edt.json with:
 - ``cases``: the stamper's crafted BPF_PROG_TEST_RUN cases (tests/edt_cases.py);
 - ``apply``: shaperd's reconcile of an edt uplink (veth with 4 TX queues) in a
   namespace it creates: the first apply's writes, a resync's (none), ``tc``'s view;
+- ``least_caps``: the real daemon with NET_ADMIN + BPF only (tests/kernel/edt_caps_guest.py);
 - ``isolation``: two tenants on that uplink, UDP receivers on the peer counting
   bytes in 100 ms bins: bronze alone (its limit must hold), then gold wakes up
   (its guarantee, the utilisation, the time to converge); the senders mark
@@ -390,6 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     from tests import edt_cases
 
     out: dict = {"uname": os.uname().release}
+    if not args.bench:  # first, before anything here loads sch_fq: the daemon's probe reads evidence of it
+        from .edt_caps_guest import least_caps
+
+        args.outdir.mkdir(parents=True, exist_ok=True)
+        attempt(out, "least_caps", lambda: least_caps(args.outdir))
     sh(["modprobe", "sch_fq"], check=False)
     attempt(out, "cases", edt_cases.run_cases)
     if not args.bench:

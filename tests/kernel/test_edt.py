@@ -63,3 +63,29 @@ def test_moving_between_htb_and_edt_and_tearing_down_leaves_only_what_each_step_
     assert any(w.startswith("delete edt stamper") for w in back["writes"]), back["writes"]
     down = sw["teardown"]
     assert not down["failed"] and "7368:" not in down["tc"] and "7365:" not in down["tc"], down
+
+
+def test_the_daemon_with_net_admin_and_bpf_only_runs_edt_from_evidence_and_a_restart_adopts_it(edt):
+    """tests/kernel/edt_caps_guest.py: `shaperd run` under setpriv (NET_ADMIN + BPF), a private bpffs."""
+    lc = edt["least_caps"]
+    first, second = lc["first"], lc["second"]
+    # No probe namespace without CAP_SYS_ADMIN: sch_fq comes from the kernel's files (Debian: a module).
+    assert any("capability probe skipped" in c for c in first["capabilities"]), first["capabilities"]
+    fq_note = "sch_fq present: loaded" if lc["sch_fq_loaded_before"] else "sch_fq present: loadable (modules.dep of 6.1"
+    assert any(c.startswith(f"edt: {fq_note}") for c in first["capabilities"]), first["capabilities"]
+    # The first reconcile builds mq + one sch_fq per queue + the stamper; the kernel loaded sch_fq itself.
+    assert not first["failed"] and first["changes"] > 0, first
+    assert first["kernel_changes"][0].startswith("set root mq qdisc 7365: on edt0"), first["kernel_changes"]
+    assert sum(c.startswith("set fq qdisc ") for c in first["kernel_changes"]) == TX_QUEUES, first["kernel_changes"]
+    assert any(c.startswith("set edt stamper shpe_") for c in first["kernel_changes"]), first["kernel_changes"]
+    assert lc["sch_fq_loaded_after_apply"] and lc["tc_qdisc"].count(" fq ") == TX_QUEUES, lc["tc_qdisc"]
+    # The controller steps: rates read through the pins moved from the planned initial ones while bronze sent.
+    assert lc["rates_during"] and lc["rates_during"] != lc["rates_initial"], lc
+    assert lc["stamper_bytes"]["bronze"] > 0, lc["stamper_bytes"]
+    limit_mbit = BRONZE["limit"] * CAPACITY_MBIT
+    assert 0 < lc["bronze_alone_mbit"] <= limit_mbit * 1.03, lc["bronze_alone_mbit"]
+    assert lc["first_rc"] == 0, lc
+    # A restarted daemon, still without CAP_SYS_ADMIN, adopts everything through the pins: zero writes.
+    assert second["changes"] == 0 and second["kernel_changes"] == [] and not second["failed"], second
+    assert lc["prog_id_second"] == lc["prog_id_first"] != 0, lc
+    assert lc["second_rc"] == 0, lc

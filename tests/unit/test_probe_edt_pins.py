@@ -1,12 +1,14 @@
 """The probe without a probe namespace (no CAP_SYS_ADMIN, the DaemonSet's case): edt is offered exactly
-when the stamper's maps come back through bpffs pins, never when only by-id adoption (or none) is left."""
+when the stamper itself loads and its maps come back through bpffs pins (kernel/edt_prog.py probe_load),
+whatever the map classifier's verdict (on Debian's 6.1 without CAP_PERFMON the verifier refuses the
+classifier); never when only by-id adoption (or none) is left."""
 
 from __future__ import annotations
 
 import pytest
 
 from shaperd.backends.edt.select import edt_missing
-from shaperd.kernel import bpf, bpf_classify, probe
+from shaperd.kernel import bpf, bpf_classify, edt_prog, probe
 from shaperd.roots import Roots
 
 
@@ -15,19 +17,24 @@ def _empty(tmp_path) -> Roots:
     return Roots.of(sys=tmp_path / "sys", proc=tmp_path, modules=tmp_path / "modules", boot=tmp_path / "boot")
 
 
-@pytest.mark.parametrize("how, edt", [("pins", True), ("id", False), ("", False)])
-def test_edt_without_a_probe_namespace_needs_the_pins(monkeypatch, tmp_path, how, edt):
+@pytest.mark.parametrize("classifier", ["pins", "id", ""])
+@pytest.mark.parametrize("stamper, edt", [((True, "adopted through bpffs pins"), True),
+                                          ((False, "load the edt stamper: Permission denied"), False)])
+def test_edt_without_a_probe_namespace_needs_the_stampers_pins(monkeypatch, tmp_path, classifier, stamper, edt):
     monkeypatch.delenv("SHAPERD_CLASSIFIER", raising=False)
     monkeypatch.setattr(bpf, "bpf_supported", lambda: (True, ""))
-    monkeypatch.setattr(bpf_classify, "probe_load", lambda root: (how, "why"))
+    monkeypatch.setattr(bpf_classify, "probe_load", lambda root: (classifier, "why"))
+    monkeypatch.setattr(edt_prog, "probe_load", lambda root: stamper)
     caps = probe._assumed("capability probe skipped (EPERM)", str(tmp_path), str(tmp_path), _empty(tmp_path))
     assert (caps.fq, caps.mq) == (edt, edt)
     assert (edt_missing(caps) == []) is edt
     assert any(n.startswith("edt: sch_fq unknown" if edt else "edt unavailable") for n in caps.notes)
+    assert edt or any(n == f"edt stamper: {stamper[1]}" for n in caps.notes), caps.notes
 
 
 def test_no_bpf_means_no_edt_even_with_pins(monkeypatch, tmp_path):
     monkeypatch.setattr(bpf, "bpf_supported", lambda: (False, "EPERM"))
     monkeypatch.setattr(bpf_classify, "probe_load", lambda root: ("pins", "why"))
+    monkeypatch.setattr(edt_prog, "probe_load", lambda root: pytest.fail("no stamper without bpf()"))
     caps = probe._assumed("skipped", str(tmp_path), str(tmp_path), _empty(tmp_path))
     assert not caps.fq and "cls_bpf/bpf() unavailable" in edt_missing(caps)

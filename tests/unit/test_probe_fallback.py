@@ -8,7 +8,7 @@ import errno
 
 import pytest
 
-from shaperd.kernel import bpf, bpf_classify, probe
+from shaperd.kernel import bpf, bpf_classify, edt_prog, probe
 
 
 @pytest.fixture
@@ -17,6 +17,8 @@ def no_netns(monkeypatch):
         raise PermissionError(errno.EPERM, "Operation not permitted")
 
     monkeypatch.setattr(probe, "unshare_netns", refuse)
+    # The edt stamper's own load-and-adopt probe (test_probe_edt_pins.py covers it): no bpf() here.
+    monkeypatch.setattr(edt_prog, "probe_load", lambda root: (False, "not probed in this test"))
 
 
 def procfs(tmp_path, qdisc: str | None):

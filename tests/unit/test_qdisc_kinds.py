@@ -10,7 +10,7 @@ import pytest
 from shaperd.backends.edt.select import edt_missing, select
 from shaperd.config import load_text
 from shaperd.inventory import Link
-from shaperd.kernel import bpf, bpf_classify, probe
+from shaperd.kernel import bpf, bpf_classify, edt_prog, probe
 from shaperd.kernel.qdisc_kinds import ABSENT, PRESENT, UNKNOWN, evidence_all
 from shaperd.roots import Roots
 
@@ -110,6 +110,7 @@ def _assumed(monkeypatch, roots):
     monkeypatch.delenv("SHAPERD_CLASSIFIER", raising=False)
     monkeypatch.setattr(bpf, "bpf_supported", lambda: (True, ""))
     monkeypatch.setattr(bpf_classify, "probe_load", lambda root: ("pins", "through bpffs pins under /x"))
+    monkeypatch.setattr(edt_prog, "probe_load", lambda root: (True, "adopted through bpffs pins under /x"))
     return probe._assumed("capability probe skipped (EPERM)", str(roots.proc), "/x", roots)
 
 

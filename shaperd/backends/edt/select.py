@@ -35,7 +35,7 @@ def edt_missing(caps: Capabilities) -> list[str]:
     for ok, module, name in ((caps.fq, "sch_fq", "sch_fq"), (caps.mq, "sch_mq", "mq")):
         if not ok:
             ev = caps.kind(module)  # the kernel's files, where no probe namespace could test it
-            missing.append(f"{name} missing ({ev[1]})" if ev else f"{name} missing")
+            missing.append(f"{name} missing ({ev[1]})" if ev and ev[0] == "absent" else f"{name} missing")
     if not caps.bpf:
         missing.append("cls_bpf/bpf() unavailable")
     return missing
