@@ -136,7 +136,8 @@ def _reconciler(args, probe: bool = True, pods_source=None, pod_resources=None, 
         import dataclasses
 
         # Unprobed, but its bpffs pins are shaperd's to remove like the rest.
-        caps = dataclasses.replace(caps, bpf_adopt="pins", bpf_pin_root=str(_roots(args).bpffs))
+        caps = dataclasses.replace(caps, bpf_adopt="pins", bpf_pin_root=str(_roots(args).bpffs),
+                                   edt_pin_root=str(_roots(args).bpffs))
     return open_node(caps, netns=getattr(args, "netns", None), roots=_roots(args),
                      take_over=getattr(args, "take_over", False), pods_source=pods_source,
                      pod_resources=pod_resources)

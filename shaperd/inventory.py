@@ -43,6 +43,9 @@ class Capabilities:
     # Without a probe namespace: (module, "present" | "absent" | "unknown", evidence) per tc kind, read from the
     # kernel's files (kernel/qdisc_kinds.py). "unknown" sch_fq or mq is offered and verified at apply.
     kinds: tuple[tuple[str, str, str], ...] = ()
+    # The bpffs the edt stampers are pinned under (the probe loaded one and got it back there), independent of
+    # the map classifier's verdict; "" where the stampers' maps are found by id (CAP_SYS_ADMIN) or not at all.
+    edt_pin_root: str = ""
 
     def kind(self, module: str) -> tuple[str, str] | None:
         """(state, evidence) of ``module`` ("sch_fq") where the probe read evidence instead of testing."""

@@ -479,11 +479,9 @@ def _rdma_reader(roots):
 
 def _stamper_pins(caps, netns: str | None):
     """The stampers' bpffs PinStore (the same one the edt backend pins into), or None: by id."""
-    if caps is None or caps.bpf_adopt != "pins":
-        return None
-    from ..kernel import bpf_pins, edt_prog
+    from .reconciler import _stamper_pins as pins_of
 
-    return bpf_pins.PinStore(caps.bpf_pin_root, bpf_pins.scope_for(netns)).sub(edt_prog.STAMPER_PINS)
+    return pins_of(caps, netns) if caps is not None else None
 
 
 def _edt_maps_opener(netns: str | None, pins=None):

@@ -277,7 +277,7 @@ class Reconciler:
 
 
 def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, netns: str | None = None,
-                     pins=None) -> list[Backend]:
+                     pins=None, stamper_pins=None) -> list[Backend]:
     """The enforcement paths shaperd runs today, in the order they are reconciled."""
     from ..backends.dcb.backend import DcbBackend
     from ..backends.edt.backend import EdtBackend
@@ -288,7 +288,8 @@ def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, ne
     from ..backends.vfrate.backend import VfRateBackend
 
     # edt after htb: a device moving between the two is released by one before the other takes it.
-    return [HtbBackend(writer, take_over=take_over, pins=pins), EdtBackend(writer, take_over=take_over, pins=pins),
+    return [HtbBackend(writer, take_over=take_over, pins=pins), EdtBackend(writer, take_over=take_over, pins=pins,
+                                                                         stamper_pins=stamper_pins),
             MarksBackend(writer), DevlinkBackend(),
             DcbBackend(netns, str(roots.run)), RdmaBackend(roots),
             VfRateBackend(writer, state_file=roots.run / "shaperd" / "vfrate-owned.json")]
@@ -304,5 +305,15 @@ def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DE
     writer = tc.open_writer(netns, str(roots.run))
     # The map classifier's maps come back through bpffs pins where the probe found them usable.
     pins = bpf_pins.PinStore(caps.bpf_pin_root, bpf_pins.scope_for(netns)) if caps.bpf_adopt == "pins" else None
-    return Reconciler(reader, default_backends(writer, take_over, roots, netns, pins), caps, roots=roots, pods_source=pods_source,
+    # The edt stampers' pins: where the probe got a stamper back (the map classifier may be refused there).
+    stamper_pins = _stamper_pins(caps, netns)
+    return Reconciler(reader, default_backends(writer, take_over, roots, netns, pins, stamper_pins), caps, roots=roots, pods_source=pods_source,
                       pod_resources=pod_resources)
+
+
+def _stamper_pins(caps: Capabilities, netns: str | None):
+    """The edt stampers' bpffs PinStore ("edt-stamper" part of the scope), or None: their maps found by id."""
+    from ..kernel import bpf_pins, edt_prog
+
+    root = caps.edt_pin_root or (caps.bpf_pin_root if caps.bpf_adopt == "pins" else "")
+    return bpf_pins.PinStore(root, bpf_pins.scope_for(netns)).sub(edt_prog.STAMPER_PINS) if root else None

@@ -90,11 +90,13 @@ def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None, roots: R
     for m in ("sch_htb", "cls_u32"):
         if kinds[m].state == qdisc_kinds.ABSENT:
             notes.append(f"kernel evidence: {kinds[m]} (assumed anyway: writes needing it fail, naming it)")
-    fq, mq = _edt_assumed(bpf_ok, _stamper_adopt(bpf_ok, bpffs_root, notes), notes, kinds)
+    stamper = _stamper_adopt(bpf_ok, bpffs_root, notes)
+    fq, mq = _edt_assumed(bpf_ok, stamper, notes, kinds)
     return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
                         bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
                         notes=tuple(notes), fq=fq, mq=mq,
-                        kinds=tuple((e.module, e.state, e.evidence) for e in kinds.values()))
+                        kinds=tuple((e.module, e.state, e.evidence) for e in kinds.values()),
+                        edt_pin_root=(bpffs_root or "") if stamper == "pins" else "")
 
 
 def _stamper_adopt(bpf_ok: bool, bpffs_root: str | None, notes: list[str]) -> str:
@@ -203,7 +205,8 @@ def _probe(bpffs_root: str | None = None) -> Capabilities:
         notes.append("edt unavailable: mq missing (node.dataplane edt/auto fall back to htb)")
     return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
                         bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
-                        notes=tuple(notes), fq=edt_fq, mq=edt_mq)
+                        notes=tuple(notes), fq=edt_fq, mq=edt_mq,
+                        edt_pin_root=(bpffs_root or "") if adopt == "pins" else "")
 
 
 def sweep_stale(netns_dir: Path) -> list[str]:

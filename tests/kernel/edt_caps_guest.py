@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from .edt_guest import BRONZE, NODE_IF, Bed, classids, mbit, reconciler, sh, tenants_yaml, traffic
+from .edt_guest import BRONZE, MTU, NODE_IF, TX_QUEUES, Bed, classids, mbit, sh, tenants_yaml, traffic
 
 LEAST = ["setpriv", "--bounding-set=-all,+net_admin,+bpf", "--inh-caps=-all"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,9 @@ def stamper_prog_id(reader, ifindex: int, name: str) -> int:
 
 def least_caps(outdir: Path) -> dict:
     from shaperd import config
-    from shaperd.backends.edt.plan import initial_q16
+    from shaperd.backends.edt.plan import initial_q16, plan_device
+    from shaperd.backends.ids import assign_minors
+    from shaperd.inventory import Link
     from shaperd.kernel import bpf_pins, edt_prog
     from shaperd.kernel.rtnl import RtnlReader
 
@@ -131,12 +133,15 @@ def least_caps(outdir: Path) -> dict:
             cfg_path = work / "tenants.yaml"
             cfg_path.write_text(tenants_yaml("edt"))
             cfg = config.load_text(cfg_path.read_text())
-            dp = reconciler(bed).plan(cfg).desired["edt"].devices[0]  # pure: the plan the daemon will make
+            reader = RtnlReader(bed.node)
+            ifindex = next(l.ifindex for l in reader.links() if l.name == NODE_IF)
+            # The plan the daemon will make, by the pure planner: a probe as full root here would load sch_fq.
+            link = Link(NODE_IF, ifindex, "veth", mtu=MTU, tx_queues=TX_QUEUES)
+            dp, problems = plan_device(cfg, link, assign_minors([t.name for t in cfg.tenants]))
+            assert dp is not None, problems
             keys = {s.tenant or "(none)": s.key for s in dp.shares}
             initial = dict(initial_q16(dp))
             out["keys"], out["rates_initial"] = keys, {n: initial[k] for n, k in keys.items()}
-            reader = RtnlReader(bed.node)
-            ifindex = next(l.ifindex for l in reader.links() if l.name == NODE_IF)
             pins = bpf_pins.PinStore(str(bpffs), bpf_pins.scope_for(None)).sub(edt_prog.STAMPER_PINS)
             with Daemon(bed, cfg_path, bpffs, work / "run1.log") as first:
                 out["first"] = summary(first, first.wait_reconciled())

@@ -19,3 +19,15 @@ def test_the_loop_uses_the_backends_stamper_pins_when_the_probe_chose_pins():
 def test_by_id_without_pins():
     assert daemon._stamper_pins(Capabilities(bpf_adopt="id"), None) is None
     assert daemon._stamper_pins(None, None) is None
+
+
+def test_stamper_pins_without_the_classifiers():
+    # Debian 6.1 without CAP_PERFMON: the verifier refuses the map classifier (u32 path, no classifier pins),
+    # but the stamper loaded and came back through pins: the backend and the loop both use them.
+    from shaperd.engine.reconciler import default_backends
+
+    caps = Capabilities(bpf_adopt="", edt_pin_root="/fs")
+    got = daemon._stamper_pins(caps, None)
+    assert got is not None and got.base == bpf_pins.PinStore("/fs", "host").base / "edt-stamper"
+    (edt,) = [b for b in default_backends(None, pins=None, stamper_pins=got) if b.name == "edt"]
+    assert edt.stamper_pins is got and edt.pins is None

@@ -79,13 +79,15 @@ def device_states(reads, inv: Inventory, pins: bpf_pins.PinStore | None = None) 
 class EdtBackend:
     name = "edt"
 
-    def __init__(self, writer, take_over: bool = False, pins: bpf_pins.PinStore | None = None):
+    def __init__(self, writer, take_over: bool = False, pins: bpf_pins.PinStore | None = None,
+                 stamper_pins: bpf_pins.PinStore | None = None):
         self.writer = writer
         self.take_over = take_over
         # The map classifier on edt uplinks is adopted through these bpffs pins (None: by id).
         self.pins = pins.sub("edt") if pins is not None else None
         # The stampers' programs and maps are pinned here when loaded; the rate controller reopens them.
-        self.stamper_pins = pins.sub(edt_prog.STAMPER_PINS) if pins is not None else None
+        # (Given apart where the probe got a stamper back through pins but refused the map classifier.)
+        self.stamper_pins = stamper_pins or (pins.sub(edt_prog.STAMPER_PINS) if pins is not None else None)
         # Devices whose kernel refused sch_fq/mq at apply: on htb until restart or the device goes away.
         self.refusals = Refusals()
 
