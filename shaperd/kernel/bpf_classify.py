@@ -93,6 +93,7 @@ class _Asm:
 _LDXW, _LDXDW, _STXW, _STXDW, _STW = 0x61, 0x79, 0x63, 0x7B, 0x62
 _MOV64X, _MOV32X, _MOV32K, _ADD64K, _ADD32K, _AND32K, _BE = 0xBF, 0xBC, 0xB4, 0x07, 0x04, 0x54, 0xDC
 _JA, _JEQK, _JGTX, _JEQ32K, _CALL, _EXIT = 0x05, 0x15, 0x2D, 0x16, 0x85, 0x95
+_LSH64K, _OR64X = 0x67, 0x4F
 
 
 def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
@@ -101,6 +102,12 @@ def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
     Registers: r6 = skb, r7 = classid found (0 = none), r8 = skb->protocol.
     Stack: fp-8 u32 hash key, fp-16 u64 cgroup key, fp-32.. source LPM key,
     fp-40.. destination LPM key.
+
+    Every key is written in whole 8-byte stack slots (two u32 halves joined in a register, the unused
+    half 0), never as two 4-byte writes into one slot: without CAP_PERFMON (the DaemonSet's NET_ADMIN +
+    BPF) the 6.1 verifier saves a bounded u32 written at an 8-aligned offset as a spilled register and
+    then refuses any narrower write into that slot ("attempt to corrupt spilled pointer on stack"), so
+    the program did not load there at all.
     """
     a = _Asm()
 
@@ -110,6 +117,19 @@ def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
         a.raw(bpf_maps.ld_map_fd(1, fds[role]))
         a.i(_CALL, imm=_FN_MAP_LOOKUP)
         a.jmp(_JEQK, 0, miss, 0)
+
+    def slot(off: int, lo: int | None, hi: int | None) -> None:
+        """fp[off..off+8) = lo | hi << 32: lo, hi registers holding u32 values (None: 0). Clobbers r4, r5."""
+        if lo is None:
+            a.i(_MOV32K, 4, 0, 0, 0)
+        elif lo != 4:
+            a.i(_MOV64X, 4, lo)
+        if hi is not None:
+            if hi != 5:
+                a.i(_MOV64X, 5, hi)
+            a.i(_LSH64K, 5, 0, 0, 32)
+            a.i(_OR64X, 4, 5)
+        a.i(_STXDW, 10, 4, off)
 
     def packet(min_len: int, miss: str) -> None:
         a.i(_LDXW, 2, 6, _SKB_DATA)
@@ -123,7 +143,7 @@ def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
     a.i(_LDXW, 8, 6, _SKB_PROTOCOL)
     # 1. ingress interface
     a.i(_LDXW, 2, 6, _SKB_INGRESS_IFINDEX)
-    a.i(_STXW, 10, 2, -8)
+    slot(-8, 2, None)
     lookup("ifindex", -8, "cg0")
     a.i(_LDXW, 7, 0, 0)
     a.jmp(_JA, 0, "dst")
@@ -131,7 +151,8 @@ def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
     for n in range(mapcls.CGROUP_LEVELS_MAX):
         a.label(f"cg{n}")
         nxt = f"cg{n + 1}" if n + 1 < mapcls.CGROUP_LEVELS_MAX else "mark"
-        a.i(_STW, 10, 0, -8, n)
+        a.i(_MOV32K, 4, 0, 0, n)
+        slot(-8, 4, None)
         lookup("cglevels", -8, "mark")
         a.i(_LDXW, 2, 0, 0)
         a.jmp(_JEQ32K, 2, "mark", 0)  # levels are packed from slot 0: an empty slot ends the list
@@ -148,7 +169,7 @@ def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
     a.i(_LDXW, 2, 6, _SKB_MARK)
     a.i(_AND32K, 2, 0, 0, mark_mask)
     a.jmp(_JEQ32K, 2, "src", 0)
-    a.i(_STXW, 10, 2, -8)
+    slot(-8, 2, None)
     lookup("mark", -8, "src")
     a.i(_LDXW, 7, 0, 0)
     a.jmp(_JA, 0, "dst")
@@ -159,18 +180,23 @@ def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
     a.jmp(_JA, 0, "out")
     a.label("src4")
     packet(14 + 20, "out")
-    a.i(_LDXW, 4, 2, 14 + 12)
-    a.i(_STXW, 10, 4, -28)
-    a.i(_STW, 10, 0, -32, 32)
+    a.i(_LDXW, 5, 2, 14 + 12)  # {prefixlen 32, saddr}
+    a.i(_MOV32K, 4, 0, 0, 32)
+    slot(-32, 4, 5)
     lookup("src4", -32, "out")
     a.i(_LDXW, 7, 0, 0)
     a.jmp(_JA, 0, "dst4")
     a.label("src6")
     packet(14 + 40, "out")
-    for w in range(4):
-        a.i(_LDXW, 4, 2, 14 + 8 + 4 * w)
-        a.i(_STXW, 10, 4, -28 + 4 * w)
-    a.i(_STW, 10, 0, -32, 128)
+    # {prefixlen 128, saddr w0..w3}: slots fp-32 (128, w0), fp-24 (w1, w2), fp-16 (w3, 0)
+    a.i(_MOV32K, 4, 0, 0, 128)
+    a.i(_LDXW, 5, 2, 14 + 8)
+    slot(-32, 4, 5)
+    a.i(_LDXW, 4, 2, 14 + 12)
+    a.i(_LDXW, 5, 2, 14 + 16)
+    slot(-24, 4, 5)
+    a.i(_LDXW, 4, 2, 14 + 20)
+    slot(-16, 4, None)
     lookup("src6", -32, "out")
     a.i(_LDXW, 7, 0, 0)
     a.jmp(_JA, 0, "dst6")
@@ -182,13 +208,16 @@ def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
     for fam, alen, daddr in (("dst4", 4, 14 + 16), ("dst6", 16, 14 + 24)):
         a.label(fam)
         packet(14 + (20 if alen == 4 else 40), "write")
-        for w in range(alen // 4):
+        # {prefixlen, classid (big-endian), daddr}: fp-40 (prefixlen, classid), then the address words
+        for w in range(0, alen // 4, 2):
             a.i(_LDXW, 4, 2, daddr + 4 * w)
-            a.i(_STXW, 10, 4, -32 + 4 * w)
-        a.i(_MOV32X, 3, 7)
-        a.i(_BE, 3, 0, 0, 32)
-        a.i(_STXW, 10, 3, -36)
-        a.i(_STW, 10, 0, -40, 32 + 8 * alen)
+            if w + 1 < alen // 4:
+                a.i(_LDXW, 5, 2, daddr + 4 * (w + 1))
+            slot(-32 + 4 * w, 4, 5 if w + 1 < alen // 4 else None)
+        a.i(_MOV32X, 5, 7)
+        a.i(_BE, 5, 0, 0, 32)
+        a.i(_MOV32K, 4, 0, 0, 32 + 8 * alen)
+        slot(-40, 4, 5)
         lookup(fam, -40, "write")
         a.i(_LDXW, 7, 0, 0)
         a.jmp(_JA, 0, "write")
