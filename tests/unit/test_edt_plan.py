@@ -6,13 +6,14 @@ from shaperd.backends.edt.backend import EdtBackend, EdtObserved
 from shaperd.backends.edt.diff import diff_device
 from shaperd.backends.edt.objects import DEFAULT_KEY, PRIO_STAMPER, ROOT_HANDLE, EdtDeviceState
 from shaperd.backends.edt.ops import DeleteRoot, DeleteStamper, SetFq, SetRoot, SetStamper
+from shaperd.backends.htb.mapcls import AttachMapClassifier, DetachMapClassifier, ObservedMapClassifier
 from shaperd.backends.htb.objects import ROOT_HANDLE as HTB_ROOT
 from shaperd.backends.ids import assign_minors
 from shaperd.backends.marks.ops import AddClsact
 from shaperd.inventory import Capabilities, Inventory, Link
 from shaperd.tenancy import tenancy
 
-CAPS = Capabilities(bpf=True, fq=True, mq=True)
+CAPS = Capabilities(bpf=True, bpf_maps=True, fq=True, mq=True)
 G = 1_000_000_000
 
 
@@ -61,14 +62,18 @@ def test_single_queue_device_gets_fq_at_the_root_and_slow_rates_a_longer_fq_hori
 
 
 def in_sync_state(dp):
+    mc = dp.map_classifier  # edt needs the map classifier (select.edt_missing): the stamper keys by its class ids
+    observed = ObservedMapClassifier(mc.name, prog_id=7, handle=0x7368, prio=0x7368,
+                                     entries={r: dict(v) for r, v in mc.entries.items()})
     return EdtDeviceState(dp.device, dp.ifindex, root_kind=dp.root_kind, root_handle=ROOT_HANDLE,
-                          fqs={f.parent: f for f in dp.fqs}, clsact=True, stamper_name=dp.stamper.name)
+                          fqs={f.parent: f for f in dp.fqs}, clsact=True, stamper_name=dp.stamper.name,
+                          map_classifier=observed)
 
 
 def test_fresh_device_gets_root_fqs_clsact_and_stamper_then_a_resync_writes_nothing():
     (dp,) = planned(LINK).devices
     td = diff_device(dp, EdtDeviceState("eth0", 2, root_kind="mq", root_handle=0))
-    assert [type(o) for o in td.ops] == [SetRoot] + [SetFq] * 4 + [AddClsact, SetStamper]
+    assert [type(o) for o in td.ops] == [SetRoot] + [SetFq] * 4 + [AddClsact, AttachMapClassifier, SetStamper]
     stamper = td.ops[-1]
     assert dict(stamper.initial_q16)[DEFAULT_KEY] > 0
     assert diff_device(dp, in_sync_state(dp)).ops == []
@@ -100,8 +105,9 @@ def test_device_back_to_htb_loses_only_the_stamper_and_a_dropped_device_everythi
     assert td.ops[0].prio == PRIO_STAMPER
     gone = edt_plan.EdtPlan()
     (td,) = b.diff(gone, EdtObserved({2: in_sync_state(dp)}))
-    assert [type(o) for o in td.ops] == [DeleteStamper, DeleteRoot]
-    assert td.ops[1].describe() == "delete root qdisc 7365: on eth0: device no longer on the edt data plane"
+    # HTB keeps the map classifier on a device it takes back (above); a device dropped altogether loses it too.
+    assert [type(o) for o in td.ops] == [DeleteStamper, DetachMapClassifier, DeleteRoot]
+    assert td.ops[2].describe() == "delete root qdisc 7365: on eth0: device no longer on the edt data plane"
 
 
 def test_shaperd_plan_shows_the_edt_tree_as_tc_commands():
