@@ -199,7 +199,7 @@ class EdtWatch:
 
     Keeps each device's maps open between readings (reopened when the stamper changes or a read fails)."""
 
-    def __init__(self, labels: Labels, pins=None, open_maps=open_stamper_maps, clock=time.monotonic,
+    def __init__(self, labels: Labels, pins=None, open_maps=None, clock=time.monotonic,
                  mono_ns=_mono_ns):
         self.labels = labels
         self.pins = pins
@@ -225,7 +225,7 @@ class EdtWatch:
                 held = self._maps.get(dev.device)
                 if held is None or held[0] != dev.stamper:
                     self._close(dev.device)
-                    held = self._maps[dev.device] = (dev.stamper, self.open_maps(reader, dev, self.pins))
+                    held = self._maps[dev.device] = (dev.stamper, (self.open_maps or open_stamper_maps)(reader, dev, self.pins))
                 self.cur[dev.device] = read_maps(held[1], self.labels.keys(), self.clock(), self.mono_ns(),
                                                  dev.stamper)
             except (BpfMapError, KernelError, OSError) as e:
