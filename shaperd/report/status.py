@@ -96,7 +96,7 @@ def rows(prev: dict, cur: dict, window_s: float, labels: dict[int, str]) -> list
     return out
 
 
-def render_table(rs: list[Row]) -> str:
+def render_table(rs: list[Row], empty_note: str = "(no device carries shaperd's qdisc)") -> str:
     head = ("DEVICE", "TENANT", "CLASS", "GUARANTEE", "LIMIT", "RATE", "BYTES", "PACKETS", "DROPS", "OVERLIMITS", "BORROWING")
     lines = [head]
     for r in rs:
@@ -108,7 +108,7 @@ def render_table(rs: list[Row]) -> str:
     widths = [max(len(l[i]) for l in lines) for i in range(len(head))]
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines)
     if not rs:
-        text += "\n(no device carries shaperd's qdisc)"
+        text += "\n" + empty_note
     return text
 
 
@@ -158,7 +158,7 @@ def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
         else:
             if args.watch and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")
-            print(render_table(rs))
+            print(render_table(rs, "(no device on the HTB data plane)") if edt.devices else render_table(rs))
             if edt.devices:
                 print("\n" + edt_status.render(edt.rows(), edt.errors))
             if ports:

@@ -290,7 +290,7 @@ def test_status_json_has_the_edt_list_beside_the_classes_and_exits_1_when_a_devi
     assert {(r["device"], r["tenant"]) for r in doc["edt"]} >= {("eth0", "train"), ("eth1", "(none)")}
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
-    assert text.index("(no device carries shaperd's qdisc)") < text.index("EDT data plane (departure-time pacing)")
+    assert text.index("(no device on the HTB data plane)") < text.index("EDT data plane (departure-time pacing)")
     broken = bpf_maps.BpfMapError("no bpffs root given, and reading the maps by program id needs CAP_SYS_ADMIN")
     argv = _status(monkeypatch, tmp_path, {"eth0": FakeMaps({TRAIN: Stats(7, 1, 0)}), "eth1": broken})
     assert cli.main(argv + ["-o", "json"]) == 1
