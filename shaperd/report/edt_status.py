@@ -182,12 +182,21 @@ def open_stamper_maps(reader, dev: EdtDevice, pins):
                                    e.errno) from None
 
 
-def read_maps(maps, keys: set[int], t_s: float, now_ns: int, stamper: str) -> Reading:
-    """One reading: counters of every key the stamper has seen, the rates set, the clocks of ``keys`` and those."""
+def read_maps(maps, keys: set[int], t_s: float, mono_ns, stamper: str, scan_rates: bool = False) -> Reading:
+    """One reading: counters of every key the stamper has seen, then the rates and clocks of those and ``keys``.
+
+    ``scan_rates`` (no tenants file): every key with a rate set, from one batched read of the whole array
+    (64 Ki entries, tens of ms in Python), else one lookup per key. ``mono_ns`` is read right after the
+    clocks, so the backlog (clock - now) is not inflated by the time the other reads took."""
     stats = maps.read_stats()
-    q16 = maps.read_set_rates()
-    wanted = sorted(set(keys) | set(stats) | set(q16))
-    return Reading(stamper, t_s, now_ns, stats, q16, maps.read_clocks(wanted))
+    if scan_rates:
+        q16 = maps.read_set_rates()
+        wanted = sorted(set(keys) | set(stats) | set(q16))
+    else:
+        wanted = sorted(set(keys) | set(stats))
+        q16 = {k: v for k, v in maps.read_rates(wanted).items() if v}
+    clocks = maps.read_clocks(wanted)
+    return Reading(stamper, t_s, mono_ns(), stats, q16, clocks)
 
 
 def _mono_ns() -> int:
@@ -226,8 +235,8 @@ class EdtWatch:
                 if held is None or held[0] != dev.stamper:
                     self._close(dev.device)
                     held = self._maps[dev.device] = (dev.stamper, (self.open_maps or open_stamper_maps)(reader, dev, self.pins))
-                self.cur[dev.device] = read_maps(held[1], self.labels.keys(), self.clock(), self.mono_ns(),
-                                                 dev.stamper)
+                self.cur[dev.device] = read_maps(held[1], self.labels.keys(), self.clock(), self.mono_ns,
+                                                 dev.stamper, scan_rates=self.labels.cfg is None)
             except (BpfMapError, KernelError, OSError) as e:
                 self._close(dev.device)
                 self.errors[dev.device] = f"read edt stamper maps on {dev.device}: {e}"

@@ -68,12 +68,17 @@ class FakeMaps:
         self.q16 = dict(q16 or {})
         self.clocks = dict(clocks or {})
         self.closed = False
+        self.scans = 0
 
     def read_stats(self):
         return dict(self.stats)
 
     def read_set_rates(self):
+        self.scans += 1
         return {k: v for k, v in self.q16.items() if v}
+
+    def read_rates(self, keys):
+        return {k: self.q16.get(k, 0) for k in keys}
 
     def read_clocks(self, keys):
         return {k: self.clocks.get(k, 0) for k in keys}
@@ -148,6 +153,7 @@ def test_rows_from_two_readings_carry_the_map_rate_the_measured_rate_counters_ba
     line = next(l for l in text.splitlines() if l.startswith("eth0") and " train " in l)
     assert "300Mbps" in line and "400Mbps" in line and "3.0ms" in line and line.rstrip().endswith("yes")
     assert "unset" in text
+    assert eth0.scans == 0  # with a tenants file: lookups of its keys and the counted ones, not a 64 Ki scan
 
 
 def test_without_a_tenants_file_rows_show_keys_and_nothing_is_invented():
@@ -160,6 +166,7 @@ def test_without_a_tenants_file_rows_show_keys_and_nothing_is_invented():
     assert rows[stray].tenant == "?" and rows[DEFAULT_KEY].tenant == "(none)"
     assert rows[stray].guarantee_bps is None and rows[stray].limit_bps is None and not rows[stray].borrowing
     assert rows[stray].map_rate_bps == 8 * M and rows[DEFAULT_KEY].map_rate_bps is None
+    assert maps.scans == 1  # no tenants file: the whole rates array, so a key with a rate but no traffic shows
     line = next(l for l in edt_status.render(w.rows(), {}).splitlines() if l.startswith("eth0") and " 42 " in l)
     assert line.split()[3:6] == ["-", "-", "8Mbps"]  # guarantee, limit unknown; the map's rate
 
@@ -339,3 +346,27 @@ def test_top_ranks_edt_rows_with_htb_rows_and_says_which_plane_each_is_on():
     assert t["rate_bps"] == pytest.approx(400 * M) and t["backlog_ns"] == 2_000_000 and t["backlog_bytes"] is None
     assert t["borrowed_bytes_since_start"] == pytest.approx(50_000_000 - 300 * M / 8)
     assert doc["tenants"][1]["backlog_ns"] is None and doc["tenants"][1]["backlog_bytes"] == 0
+
+
+def test_now_is_read_right_after_the_clocks_so_slow_reads_before_them_do_not_inflate_the_backlog():
+    order = []
+
+    class Slow(FakeMaps):
+        def read_stats(self):
+            order.append("stats")
+            return super().read_stats()
+
+        def read_clocks(self, keys):
+            order.append("clocks")
+            return super().read_clocks(keys)
+
+    def now():
+        order.append("now")
+        return 1_000_000_000
+
+    reading = edt_status.read_maps(Slow({TRAIN: Stats(1, 1, 0)}, {}, {TRAIN: 1_000_500_000}), {TRAIN}, 1.0, now,
+                                   STAMPER)
+    assert order == ["stats", "clocks", "now"]
+    (row,) = [r for r in edt_status.rows_of(edt_status.EdtDevice("eth0", 2, STAMPER), None, reading,
+                                            edt_status.Labels(CFG)) if r.key == TRAIN]
+    assert row.backlog_ns == 500_000
