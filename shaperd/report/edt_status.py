@@ -51,6 +51,7 @@ class EdtDevice:
     ifindex: int
     stamper: str | None
     link: object = None  # the rtnetlink LinkRow (speed, queues) for the planner's shares
+    error: str | None = None  # its clsact filters could not be dumped
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,8 @@ class Labels:
 
 def devices(reader) -> list[EdtDevice]:
     """Every device whose root is the edt backend's (7365:), with the name of the stamper attached there."""
+    from ..errors import KernelError
+
     qdiscs = reader.qdiscs()
     links = {l.ifindex: l for l in reader.links()}
     roots = sorted(q.ifindex for q in qdiscs
@@ -152,12 +155,15 @@ def devices(reader) -> list[EdtDevice]:
     for idx in roots:
         link = links.get(idx)
         name = link.name if link is not None else str(idx)
-        stamper = None
+        stamper, error = None, None
         if idx in clsact:
-            for f in reader.filters(idx, TC_H_CLSACT_EGRESS, name):
-                if f.kind == "bpf" and f.prio == PRIO_STAMPER and f.prog_id:
-                    stamper = f.name
-        out.append(EdtDevice(name, idx, stamper, link))
+            try:
+                for f in reader.filters(idx, TC_H_CLSACT_EGRESS, name):
+                    if f.kind == "bpf" and f.prio == PRIO_STAMPER and f.prog_id:
+                        stamper = f.name
+            except KernelError as e:  # one device (gone meanwhile, busy) never hides the others
+                error = str(e)
+        out.append(EdtDevice(name, idx, stamper, link, error))
     return out
 
 
@@ -229,6 +235,8 @@ class EdtWatch:
         self.devices = devices(reader)
         for dev in self.devices:
             try:
+                if dev.error is not None:
+                    raise BpfMapError(dev.error)
                 if dev.stamper is None:
                     raise BpfMapError(f"no shaperd stamper attached on clsact egress (prio {PRIO_STAMPER})")
                 held = self._maps.get(dev.device)

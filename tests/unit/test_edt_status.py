@@ -196,6 +196,24 @@ def test_an_edt_root_without_the_stamper_is_reported_not_shown_as_idle():
     assert "no shaperd stamper attached on clsact egress" in w.errors["eth0"]
 
 
+def test_a_device_whose_filters_cannot_be_dumped_is_reported_and_the_others_still_show():
+    from shaperd.errors import KernelError
+
+    reader = Reader()
+    dump = reader.filters
+
+    def filters(ifindex, parent, device):
+        if device == "eth1":
+            raise KernelError("dump", "filters", "eth1", "No such device", errno.ENODEV)
+        return dump(ifindex, parent, device)
+
+    reader.filters = filters
+    w, _ = watch({"eth0": FakeMaps({TRAIN: Stats(1, 1, 0)})})
+    w.sample(reader)
+    assert {r.device for r in w.rows()} == {"eth0"}
+    assert "No such device" in w.errors["eth1"] and w.errors["eth1"].startswith("read edt stamper maps on eth1")
+
+
 def test_a_replaced_stamper_reopens_its_maps_and_gives_no_rate_across_the_reset():
     old, new = FakeMaps({TRAIN: Stats(9_000_000, 9, 0)}), FakeMaps({TRAIN: Stats(1_000, 1, 0)})
     maps = {"eth0": old}
