@@ -11,6 +11,7 @@ import errno
 import json
 
 import pytest
+import structlog
 
 from shaperd import cli, config
 from shaperd.backends.base import ClassTarget
@@ -33,6 +34,12 @@ CFG = config.load_text(CFG_TEXT)
 MINORS = assign_minors(["train", "batch"])
 TRAIN, BATCH = MINORS["train"], MINORS["batch"]
 STAMPER = "shpe_0123456789"
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored():
+    yield
+    structlog.reset_defaults()  # cli.main() pointed structlog at this test's captured stderr, closed after it
 
 
 class Reader:
