@@ -109,7 +109,7 @@ def test_refusals_are_forgotten_when_the_device_goes_or_comes_back_new():
     assert r.current(Inventory(links=())) == {}
 
 
-CAPS = Capabilities(bpf=True, fq=True, mq=True)
+CAPS = Capabilities(bpf=True, bpf_maps=True, bpf_adopt="pins", fq=True, mq=True)
 EDT = config.load_text("""node:
   dataplane: edt
   interfaces: [eth0]
