@@ -11,6 +11,7 @@ names its object while the others still land.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,6 +136,9 @@ class Reconciler:
         self.pod_resources = pod_resources
         self.cgroup_root = cgroup_root if cgroup_root is not None else cgroups_mod.cgroup2_root(roots)
         self.log = log.get("shaperd.reconcile")
+        # <run>/shaperd/refused-<scope>.json, set by open_node: what applies found the kernel refuses, for status.
+        self.refused_file = None
+        self._refusals_recorded: dict | None = None
         # Probed once: a backend this kernel cannot run is left out, with its reason.
         self.support: dict[str, Support] = {b.name: b.probe(capabilities) for b in self.backends}
         for b in self.backends:
@@ -188,6 +192,7 @@ class Reconciler:
         rep = self._reconcile(cfg, write=True)
         if fallback.added(before, fallback.collect(self.enabled, None)):  # a new refusal: plan and apply its fallback now
             rep = fallback.merged(rep, self._reconcile(cfg, write=True))
+        self._record_refusals()
         for pr in rep.problems:
             self.log.error("device not shaped", problem=str(pr))
         for w in rep.plan.warnings:
@@ -198,6 +203,18 @@ class Reconciler:
             if t.error:
                 self.log.error("device not readable", backend=t.backend, device=t.device, error=t.error)
         return rep
+
+    def _record_refusals(self) -> None:
+        """Keep ``refused_file`` (report/edt_refused.py) equal to the refusals, for ``shaperd status``."""
+        now = fallback.collect(self.enabled, None)
+        if self.refused_file is not None and now != self._refusals_recorded:
+            from ..report import edt_refused
+
+            try:
+                edt_refused.record(self.refused_file, now)
+                self._refusals_recorded = now
+            except OSError as e:
+                self.log.warning("refusals not recorded for shaperd status", file=str(self.refused_file), error=str(e))
 
     def _reconcile(self, cfg: Config, write: bool) -> Report:
         start = time.perf_counter()
@@ -260,6 +277,9 @@ class Reconciler:
                     self._log_writes(b, res)
             except Exception as e:  # noqa: BLE001
                 bo.error = self._backend_failed(b, e)
+        if not dry_run and self.refused_file is not None:
+            with contextlib.suppress(OSError):
+                self.refused_file.unlink(missing_ok=True)  # nothing of edt's is left to explain
         return Report(PlanResult(), outcomes, time.perf_counter() - start)
 
     def _backend_failed(self, b: Backend, e: Exception) -> str:
@@ -307,8 +327,12 @@ def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DE
     pins = bpf_pins.PinStore(caps.bpf_pin_root, bpf_pins.scope_for(netns)) if caps.bpf_adopt == "pins" else None
     # The edt stampers' pins: where the probe got a stamper back (the map classifier may be refused there).
     stamper_pins = _stamper_pins(caps, netns)
-    return Reconciler(reader, default_backends(writer, take_over, roots, netns, pins, stamper_pins), caps, roots=roots, pods_source=pods_source,
-                      pod_resources=pod_resources)
+    rec = Reconciler(reader, default_backends(writer, take_over, roots, netns, pins, stamper_pins), caps, roots=roots,
+                     pods_source=pods_source, pod_resources=pod_resources)
+    from ..report import edt_refused
+
+    rec.refused_file = edt_refused.path_for(roots.run, netns)
+    return rec
 
 
 def _stamper_pins(caps: Capabilities, netns: str | None):

@@ -132,7 +132,7 @@ def main(args) -> int:
 
 
 def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
-    from . import classifier_status, edt_status, nic_status, rdma_view
+    from . import classifier_status, edt_refused, edt_status, nic_status, rdma_view
 
     prev = sample(ipr)
     t0 = time.monotonic()
@@ -151,7 +151,7 @@ def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
         if output.machine(args):  # -o json: one compact line per window (JSON lines under --watch)
             extra = {"classifier": paths} if paths else {}  # only where a device carries shaperd's HTB
             doc = {"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs], **edt.doc(),
-                   "rdma": rdma_view.tenant_rows(ports), **nic, **extra}
+                   "rdma": rdma_view.tenant_rows(ports), **nic, **extra, **edt_refused.doc(args)}
             print(("---\n" if args.watch and args.output == "yaml" else "") + output.dump(doc, args.output, indent=None))
             for err in edt.errors.values():
                 print(f"shaperd: {err}", file=sys.stderr)
@@ -167,6 +167,8 @@ def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
                 print("\n" + nic_status.render(nic))
             if paths:
                 print("\n" + classifier_status.render(paths))
+            if refused := edt_refused.render(args):
+                print("\n" + refused)
         sys.stdout.flush()
         if not args.watch:
             return 1 if edt.errors else 0  # a device unreadable: the others were shown (cli: 1 a device failed)

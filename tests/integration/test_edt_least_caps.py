@@ -112,9 +112,10 @@ def test_unknown_sch_fq_is_verified_at_apply_and_the_daemon_falls_back_once(mqbe
     fake = tmp_path / "not-a-config.gz"
     fake.write_text("no kernel config here\n")
     log = tmp_path / "run.log"
+    run = tmp_path / "run"  # where the refusals are kept for `shaperd status` (never the host's /run here)
     argv = ["unshare", "--mount", "--propagation", "private", PY, "-c", HIDE, str(fake),
             *LEAST, PY, "-m", "shaperd", "--log-json", "run", "--config", str(cfg), "--bpffs-root", str(pinfs),
-            "--metrics-address", "", "--resync-interval", "1"]
+            "--metrics-address", "", "--resync-interval", "1", "--run-root", str(run)]
     with open(log, "w") as logf:
         p = mqbed.spawn(argv, mqbed.node, stdout=logf, stderr=subprocess.STDOUT, deadline_s=120)
         try:
@@ -143,3 +144,11 @@ def test_unknown_sch_fq_is_verified_at_apply_and_the_daemon_falls_back_once(mqbe
     assert not any(r.get("event") == "kernel write failed" for r in lines), [r for r in lines if "error" in r]
     for dev in ("up0", "mq0", "sq0"):
         _htb_complete(mqbed, dev)
+    # `shaperd status` (another process) says why those uplinks are on htb.
+    st = mqbed.exec(*LEAST, PY, "-m", "shaperd", "status", "--config", str(cfg), "--run-root", str(run), "--json",
+                    "--interval", "0.05", "--bpffs-root", str(pinfs), check=False)
+    got = json.loads(st.stdout.splitlines()[-1])["edt_refused"]
+    assert sorted(got) == ["mq0", "sq0", "up0"] and all("Specified qdisc kind is unknown" in r for r in got.values())
+    text = mqbed.exec(*LEAST, PY, "-m", "shaperd", "status", "--config", str(cfg), "--run-root", str(run),
+                      "--interval", "0.05", "--bpffs-root", str(pinfs), check=False).stdout
+    assert "On htb because the kernel refused edt (node.dataplane edt/auto):\n  mq0: the kernel does not know" in text

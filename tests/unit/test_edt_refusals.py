@@ -222,3 +222,35 @@ def test_the_refusal_is_a_metric_per_device():
     assert b'shaperd_edt_refused{' not in generate_latest(reg)
     be.refusals.add("up0", 7, "the kernel does not know qdisc kind fq")
     assert 'shaperd_edt_refused{device="up0"} 1.0' in generate_latest(reg).decode()
+
+
+def test_the_refusals_file_for_status_follows_the_memory(tmp_path):
+    from argparse import Namespace
+
+    from shaperd.report import edt_refused
+
+    path = edt_refused.path_for(tmp_path, None)
+    assert path == tmp_path / "shaperd" / "refused-host.json"
+    assert edt_refused.path_for(tmp_path, "n1").name == "refused-netns-n1.json"
+    args = Namespace(run_root=str(tmp_path), netns=None)
+    assert edt_refused.doc(args) == {} and edt_refused.render(args) == ""  # no file: nothing to say
+    edt_refused.record(path, {"edt": {"eth0": (2, "the kernel does not know qdisc kind fq")}})
+    assert edt_refused.doc(args) == {"edt_refused": {"eth0": "the kernel does not know qdisc kind fq"}}
+    assert edt_refused.render(args).splitlines()[1] == "  eth0: the kernel does not know qdisc kind fq"
+    edt_refused.record(path, {})
+    assert not path.exists()
+
+
+def test_the_reconciler_records_refusals_where_open_node_points_it(tmp_path):
+    htb, edt = Plane("htb"), Plane("edt", refuse=True)
+    reader = Reader([LinkRow(1, "lo", "", 65536, True), LinkRow(2, "eth0", "", 1500, True)])
+    rec = Reconciler(reader, [htb, edt], CAPS, roots=Roots.of(proc=str(tmp_path), sys=str(tmp_path)))
+    rec.refused_file = tmp_path / "run" / "shaperd" / "refused-host.json"
+    rec.apply(EDT)
+    import json
+
+    assert json.loads(rec.refused_file.read_text())["refused"] == {
+        "edt": {"eth0": {"ifindex": 2, "reason": "the kernel does not know qdisc kind fq"}}}
+    reader.rows = [LinkRow(1, "lo", "", 65536, True)]  # the device went away: forgotten, and so is the file
+    rec.apply(EDT)
+    assert not rec.refused_file.exists()
