@@ -123,6 +123,9 @@ def main(args) -> int:
     nic_cfg = rdma_view.load_config(args.config)
     nic_roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
     rdma = rdma_view.RdmaWatch.open(Roots.of(sys=args.sysfs_root), args.config, rate_window_s=args.interval)
+    from ..discovery.htb_offload import DeviceProbe
+
+    offload_probe = DeviceProbe(getattr(args, "netns", None), nic_roots)  # read-only: driver and ethtool features
     prev = sample(ipr)
     t0 = time.monotonic()
     rdma.sample(t0)
@@ -134,7 +137,7 @@ def main(args) -> int:
         rs = rows(prev, cur, t1 - t0, labels)
         ports = rdma.view()
         nic = nic_status.collect(nic_cfg, nic_roots, ipr, netns=getattr(args, "netns", None))
-        paths = classifier_status.collect(ipr)
+        paths = classifier_status.collect(ipr, offload_probe)
         if output.machine(args):  # -o json: one compact line per window (JSON lines under --watch)
             extra = {"classifier": paths} if paths else {}  # only where a device carries shaperd's HTB
             doc = {"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs],

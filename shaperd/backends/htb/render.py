@@ -49,8 +49,8 @@ def device_commands(dp: DevicePlan) -> list[list[str]]:
 
 def comments(dp: DevicePlan, marks=()) -> list[str]:
     out = [f"# device {dp.device}: capacity {tc_rate(dp.capacity_bps)}"]
-    if dp.offload_why:
-        out.append(f"# htb offload: {'on' if dp.root.offload else 'off'} ({dp.offload_why})")
+    if dp.root.offload:  # why not: the plan's warnings (where offload was wanted) and status
+        out.append(f"# htb offload: on ({dp.offload_why})")
     for name, cid in sorted(dp.tenant_classes.items()):
         out.append(f"# tenant {name} -> class {fmt_handle(cid)}")
     for d in dp.dst_scopes:
