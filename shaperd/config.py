@@ -332,6 +332,8 @@ class _Validator:
             self.bad("node.dataplane", f"expected one of {', '.join(DATAPLANES)}, got {dataplane!r}")
             dataplane = "htb"
         htb_offload = m.get("htbOffload", "auto")
+        if isinstance(htb_offload, bool):  # YAML 1.1 reads an unquoted on/off as true/false
+            htb_offload = "on" if htb_offload else "off"
         if htb_offload not in HTB_OFFLOAD_MODES:
             self.bad("node.htbOffload", f"expected one of {', '.join(HTB_OFFLOAD_MODES)}, got {htb_offload!r}")
             htb_offload = "auto"
