@@ -11,9 +11,9 @@ Facts from the sources (Linux 6.18):
   since 6.3 passes prio and quantum to the driver. The offloaded root is
   TCQ_F_MQROOT: each leaf's queue sits on its own TX queue and htb_enqueue
   never runs, so filters on the HTB root never classify anything.
-- mlx5 (en/qos.c, en/htb.c, en/selq.c): refuses a non-zero prio and quantum
-  (EINVAL "prio parameter is not supported by device with HTB offload
-  enabled."); at most MLX5E_QOS_MAX_LEAF_NODES = 256 leaves ("Maximum amount
+- mlx5 (en/qos.c, en/htb.c, en/selq.c): refuses a non-zero prio or quantum
+  (mlx5e_htb_setup_tc, 6.3+: EOPNOTSUPP "prio and quantum parameters are not
+  supported by device with HTB offload enabled."); at most MLX5E_QOS_MAX_LEAF_NODES = 256 leaves ("Maximum amount
   of leaf classes is reached.", ENOSPC); picks the TX queue from
   skb->priority (major = the HTB handle: that class; else defcls), so the
   classifier must set skb->priority before the qdisc, on clsact egress,
