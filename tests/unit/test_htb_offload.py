@@ -179,3 +179,44 @@ def test_an_offload_mismatch_replaces_the_root_and_says_so():
     # software HTB still compares its own quantum: a kernel-picked one differs
     ops = diff_device(soft, observed(soft, offload=False, kernel_quantum=True)).ops
     assert ops and all("quantum" in op.reason for op in ops)
+
+
+def test_the_reconciler_probes_only_the_uplinks_and_nothing_when_offload_is_off(tmp_path):
+    from shaperd.engine.reconciler import Reconciler
+    from shaperd.roots import Roots
+
+    from .test_engine import FakeReader
+
+    class Probe:
+        def __init__(self):
+            self.asked = []
+
+        def annotate(self, inventory, links):
+            from dataclasses import replace
+
+            self.asked.append([l.name for l in links])
+            return replace(inventory, links=tuple(replace(l, htb_offload=CAPABLE) if l in links else l
+                                                  for l in inventory.links))
+
+    probe = Probe()
+    rec = Reconciler(FakeReader(), [], MAPS, roots=Roots.of(proc=str(tmp_path)), device_probe=probe)
+    got = rec.inventory(cfg())
+    assert probe.asked == [["eth0"]] and got.link("eth0").htb_offload == CAPABLE and got.link("lo").htb_offload is None
+    rec.inventory(cfg(mode="off"))
+    rec.inventory(None)  # teardown: no config, nothing to decide
+    assert probe.asked == [["eth0"]]
+
+
+def test_a_refused_offload_is_retried_soon_by_the_daemon_an_ordinary_refusal_is_not():
+    from types import SimpleNamespace
+
+    from shaperd.engine.daemon import _worth_retrying
+
+    op = CreateRoot(device="eth0", ifindex=2, root=device(cfg(), inv())[0].root)
+    plain = op.error("Operation not supported", errno.EOPNOTSUPP)
+    refused = OffloadRefused(plain.verb, plain.obj, plain.device, plain.cause, plain.errno)
+
+    def rep(err):
+        return SimpleNamespace(devices=[SimpleNamespace(error=None, failed=[(op, err)])])
+
+    assert _worth_retrying(rep(refused)) and not _worth_retrying(rep(plain))
