@@ -220,3 +220,31 @@ def test_a_refused_offload_is_retried_soon_by_the_daemon_an_ordinary_refusal_is_
         return SimpleNamespace(devices=[SimpleNamespace(error=None, failed=[(op, err)])])
 
     assert _worth_retrying(rep(refused)) and not _worth_retrying(rep(plain))
+
+
+def test_one_by_one_a_refused_offloaded_root_is_the_last_write_sent_on_that_device(monkeypatch):
+    from shaperd.backends.htb import backend as backend_mod
+    from shaperd.backends.htb.diff import diff_device as diff_of
+
+    sent = []
+
+    def fake_apply_ops(writer, ops, batch=True, **kw):
+        out = ApplyResult()
+        for op in ops:
+            sent.append(op)
+            if isinstance(op, CreateRoot) and op.root.offload:
+                out.failed.append((op, op.error("Operation not supported", errno.EOPNOTSUPP)))
+            else:
+                out.applied.append(op)
+        return out
+
+    monkeypatch.setattr(backend_mod.tc, "apply_ops", fake_apply_ops)
+    b = HtbBackend(writer=None)
+    dp = b.plan(_ctx(cfg(), inv())).devices[0]
+    td = diff_of(dp, DeviceState("eth0", 2, RootQdisc("noqueue", 0)))
+    res = b.apply(td, batch=False)
+    assert [type(op) for op in sent] == [CreateRoot]  # nothing under a refused root
+    assert res.applied == [] and len(res.failed) == len(td.ops)
+    assert all(isinstance(e, OffloadRefused) for _, e in res.failed)
+    assert "not sent: htb offload was refused on eth0" in str(res.failed[1][1])
+    assert (2, "eth0") in b.offload_refused

@@ -152,8 +152,25 @@ class HtbBackend:
         # tc objects first (the classes the classifier points at), then the map classifier's writes.
         tc_ops = [op for op in diff.ops if not bpf_classify.is_classifier_op(op)]
         cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
-        result = tc.apply_ops(self.writer, tc_ops, batch=batch)
-        self._offload_refusals(result)
+        first = next((i for i, op in enumerate(tc_ops) if isinstance(op, CreateRoot) and op.root.offload), None)
+        if not batch and first is not None:
+            # One by one: the offloaded root first; refused, the tree under it is not sent (it would only
+            # fail, once per class): the next plan, a moment later, is software HTB for this device.
+            result = tc.apply_ops(self.writer, tc_ops[:first + 1], batch=False)
+            self._offload_refusals(result)
+            root_failed = next((e for op, e in result.failed if op is tc_ops[first]), None)
+            if isinstance(root_failed, OffloadRefused):
+                cause = f"not sent: htb offload was refused on {diff.target} (the next plan is software HTB)"
+                result.failed += [(op, OffloadRefused(op.verb, op.what(), op.device, cause, root_failed.errno))
+                                  for op in tc_ops[first + 1:] + cls_ops]
+                return result
+            rest = tc.apply_ops(self.writer, tc_ops[first + 1:], batch=False)
+            self._offload_refusals(rest)
+            result.applied.extend(rest.applied)
+            result.failed.extend(rest.failed)
+        else:
+            result = tc.apply_ops(self.writer, tc_ops, batch=batch)
+            self._offload_refusals(result)
         if cls_ops and not result.batch_failed:
             more = bpf_classify.apply_ops(self.writer, cls_ops, self.pins)
             result.applied.extend(more.applied)
