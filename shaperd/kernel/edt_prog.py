@@ -277,6 +277,15 @@ class StamperMaps:
             out[k] = struct.unpack("<Q", v)[0] if v is not None else 0
         return out
 
+    def read_set_rates(self) -> dict[int, int]:
+        """Every key with a rate set (non-zero), in one batched read of the array (status without a tenants file)."""
+        out = {}
+        for k, v in self.rates.items().items():
+            q16 = struct.unpack("<Q", v)[0]
+            if q16:
+                out[struct.unpack("<I", k)[0]] = q16
+        return out
+
     def read_stats(self) -> dict[int, Stats]:
         """key -> totals over every CPU (bytes, packets, dropped packets) since the program was attached."""
         out = {}

@@ -29,14 +29,22 @@ def collect(reader, device_probe=None) -> dict[str, dict]:
                     row = {"path": "ebpf", "program": f.name, "prog_id": f.prog_id}
         root = next((q for q in qdiscs if q.ifindex == idx and q.parent == 0xFFFFFFFF), None)
         row["htb_offload"] = "on" if root is not None and root.offload else "off"
-        if device_probe is not None and row["htb_offload"] == "off":
-            link = next((l for l in links if l.ifindex == idx), None)
-            probe = device_probe.probe([link]).get(dev) if link is not None else None
-            row["htb_offload_why"] = (probe.why if probe is not None and not probe.capable else
-                                      "the device can offload; the plan or a kernel refusal keeps it in software "
-                                      "(the daemon's warnings say which)")
         out[dev] = row
+    if device_probe is not None:
+        with_offload_reasons(out, links, device_probe)
     return out
+
+
+def with_offload_reasons(paths: dict[str, dict], links, device_probe) -> dict[str, dict]:
+    """Add "htb_offload_why" where offload is off: the device probe's (discovery/htb_offload.py) reason."""
+    by_name = {l.name: l for l in links}
+    off = [by_name[dev] for dev, r in paths.items() if r.get("htb_offload") == "off" and dev in by_name]
+    found = device_probe.probe(off) if off else {}
+    for dev, probe in found.items():
+        paths[dev]["htb_offload_why"] = (probe.why if not probe.capable else
+                                         "the device can offload; the plan or a kernel refusal keeps it in software "
+                                         "(the daemon's warnings say which)")
+    return paths
 
 
 def render(paths: dict[str, dict]) -> str:

@@ -96,7 +96,7 @@ def rows(prev: dict, cur: dict, window_s: float, labels: dict[int, str]) -> list
     return out
 
 
-def render_table(rs: list[Row]) -> str:
+def render_table(rs: list[Row], empty_note: str = "(no device carries shaperd's qdisc)") -> str:
     head = ("DEVICE", "TENANT", "CLASS", "GUARANTEE", "LIMIT", "RATE", "BYTES", "PACKETS", "DROPS", "OVERLIMITS", "BORROWING")
     lines = [head]
     for r in rs:
@@ -108,7 +108,7 @@ def render_table(rs: list[Row]) -> str:
     widths = [max(len(l[i]) for l in lines) for i in range(len(head))]
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines)
     if not rs:
-        text += "\n(no device carries shaperd's qdisc)"
+        text += "\n" + empty_note
     return text
 
 
@@ -116,37 +116,53 @@ def main(args) -> int:
     from ..kernel.rtnl import RtnlReader
 
     from ..roots import Roots
-    from . import classifier_status, nic_status, rdma_view
+    from . import edt_status, rdma_view
 
     ipr = RtnlReader(getattr(args, "netns", None))
     labels = class_labels(args.config)
     nic_cfg = rdma_view.load_config(args.config)
     nic_roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
     rdma = rdma_view.RdmaWatch.open(Roots.of(sys=args.sysfs_root), args.config, rate_window_s=args.interval)
+    edt = edt_status.EdtWatch(edt_status.Labels.load(args.config, args.sysfs_root),
+                              edt_status.pins_for(getattr(args, "bpffs_root", ""), getattr(args, "netns", None)))
+    try:
+        return _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt)
+    finally:
+        edt.close()
+
+
+def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
     from ..discovery.htb_offload import DeviceProbe
+    from . import classifier_status, edt_status, nic_status, rdma_view
 
     offload_probe = DeviceProbe(getattr(args, "netns", None), nic_roots)  # read-only: driver and ethtool features
     prev = sample(ipr)
     t0 = time.monotonic()
     rdma.sample(t0)
+    edt.sample(ipr)
     while True:
         time.sleep(args.interval)
         cur = sample(ipr)
         t1 = time.monotonic()
         rdma.sample(t1)
+        edt.sample(ipr)
         rs = rows(prev, cur, t1 - t0, labels)
         ports = rdma.view()
         nic = nic_status.collect(nic_cfg, nic_roots, ipr, netns=getattr(args, "netns", None))
-        paths = classifier_status.collect(ipr, offload_probe)
+        paths = classifier_status.with_offload_reasons(classifier_status.collect(ipr), ipr.links(), offload_probe)
         if output.machine(args):  # -o json: one compact line per window (JSON lines under --watch)
             extra = {"classifier": paths} if paths else {}  # only where a device carries shaperd's HTB
-            doc = {"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs],
+            doc = {"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs], **edt.doc(),
                    "rdma": rdma_view.tenant_rows(ports), **nic, **extra}
             print(("---\n" if args.watch and args.output == "yaml" else "") + output.dump(doc, args.output, indent=None))
+            for err in edt.errors.values():
+                print(f"shaperd: {err}", file=sys.stderr)
         else:
             if args.watch and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")
-            print(render_table(rs))
+            print(render_table(rs, "(no device on the HTB data plane)") if edt.devices else render_table(rs))
+            if edt.devices:
+                print("\n" + edt_status.render(edt.rows(), edt.errors))
             if ports:
                 print("\nRDMA ports (measured at the HCA; not shaped by tc):\n" + rdma_view.render_table(ports))
             if nic:
@@ -155,5 +171,5 @@ def main(args) -> int:
                 print("\n" + classifier_status.render(paths))
         sys.stdout.flush()
         if not args.watch:
-            return 0
+            return 1 if edt.errors else 0  # a device unreadable: the others were shown (cli: 1 a device failed)
         prev, t0 = cur, t1

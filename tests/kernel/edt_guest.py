@@ -320,6 +320,19 @@ def isolation(bed: Bed, cfg, rec, dataplane: str, alone_s: float = 3.0, both_s: 
     return out
 
 
+def status_step(bed: Bed, dataplane: str) -> dict:
+    """``shaperd status -o json`` on the node after the isolation run: the edt rows (the controller's last rates)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "tenants.yaml"
+        cfg.write_text(tenants_yaml(dataplane))
+        r = sh([sys.executable, "-m", "shaperd", "status", "-o", "json", "--netns", bed.node, "--config", str(cfg),
+                "--interval", "0.2"], check=False)
+    doc = json.loads(r.stdout.splitlines()[-1]) if r.stdout.strip() else {}
+    return {"rc": r.returncode, "stderr": r.stderr[-2000:], "edt": doc.get("edt"), "edt_errors": doc.get("edt_errors")}
+
+
 def busy_jiffies() -> int:
     with open("/proc/stat") as f:
         cpu = f.readline().split()[1:]
@@ -404,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 out[f"apply_{dp}_{r}"], cfg, rec = got
                 attempt(out, f"isolation_{dp}_{r}", lambda: isolation(bed, cfg, rec, dp))
+                attempt(out, f"status_{dp}_{r}", lambda: status_step(bed, dp))
                 if args.bench and r == 0:
                     for n in (1, 2, 4):
                         attempt(out, f"cpu_{dp}_{n}", lambda: cpu_per_packet(bed, cfg, n))

@@ -14,7 +14,7 @@ import pytest
 
 from tests import edt_cases
 
-from .edt_guest import BRONZE, CAPACITY_MBIT, TX_QUEUES
+from .edt_guest import BRONZE, CAPACITY_MBIT, GOLD, TX_QUEUES
 
 pytestmark = pytest.mark.kernel
 
@@ -63,3 +63,16 @@ def test_moving_between_htb_and_edt_and_tearing_down_leaves_only_what_each_step_
     assert any(w.startswith("delete edt stamper") for w in back["writes"]), back["writes"]
     down = sw["teardown"]
     assert not down["failed"] and "7368:" not in down["tc"] and "7365:" not in down["tc"], down
+
+
+def test_status_shows_each_edt_tenant_with_the_rate_the_controller_left_in_the_map_and_its_bytes(edt):
+    st = edt["status_edt_0"]
+    assert st["rc"] == 0 and st["edt_errors"] == [], st
+    rows = {r["tenant"]: r for r in st["edt"] if r["device"] == "edt0"}
+    assert set(rows) == {"gold", "bronze", "(none)"}, st
+    for t in (GOLD, BRONZE):
+        r, g = rows[t["name"]], int(t["g"] * CAPACITY_MBIT * 1000) * 1000  # as tenants_yaml writes it (Kbps)
+        assert r["guarantee_bps"] == g and r["bytes"] > 0 and r["packets"] > 0, r
+        # Written rate = max(allocation, guarantee), capped at the limit (Q16 reads back within a step).
+        assert r["map_rate_bps"] is not None and r["map_rate_bps"] >= g, r
+    assert rows["bronze"]["map_rate_bps"] <= BRONZE["limit"] * CAPACITY_MBIT * 1_000_000 * 1.0001, rows["bronze"]

@@ -41,7 +41,7 @@ def device_plan():
     c = config.from_dict({"node": {"interfaces": ["eth0"], "dataplane": "edt", "capacity": "10Gbps"},
                           "tenants": [{"name": "a", "bandwidthGuarantee": "6Gbps", "priority": 100},
                                       {"name": "b", "bandwidthGuarantee": "2Gbps", "priority": 50}]})
-    inv = Inventory(links=(Link("eth0", 2, tx_queues=2),), capabilities=Capabilities(bpf=True, fq=True, mq=True))
+    inv = Inventory(links=(Link("eth0", 2, tx_queues=2),), capabilities=Capabilities(bpf=True, bpf_maps=True, fq=True, mq=True))
     (dp,) = edt_plan.plan(c, inv, tenancy(c, inv)).devices
     return dp
 

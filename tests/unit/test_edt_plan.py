@@ -6,13 +6,14 @@ from shaperd.backends.edt.backend import EdtBackend, EdtObserved
 from shaperd.backends.edt.diff import diff_device
 from shaperd.backends.edt.objects import DEFAULT_KEY, PRIO_STAMPER, ROOT_HANDLE, EdtDeviceState
 from shaperd.backends.edt.ops import DeleteRoot, DeleteStamper, SetFq, SetRoot, SetStamper
+from shaperd.backends.htb.mapcls import AttachMapClassifier, DetachMapClassifier, ObservedMapClassifier
 from shaperd.backends.htb.objects import ROOT_HANDLE as HTB_ROOT
 from shaperd.backends.ids import assign_minors
 from shaperd.backends.marks.ops import AddClsact
 from shaperd.inventory import Capabilities, Inventory, Link
 from shaperd.tenancy import tenancy
 
-CAPS = Capabilities(bpf=True, fq=True, mq=True)
+CAPS = Capabilities(bpf=True, bpf_maps=True, fq=True, mq=True)
 G = 1_000_000_000
 
 
@@ -61,14 +62,18 @@ def test_single_queue_device_gets_fq_at_the_root_and_slow_rates_a_longer_fq_hori
 
 
 def in_sync_state(dp):
+    mc = dp.map_classifier  # edt needs the map classifier (select.edt_missing): the stamper keys by its class ids
+    observed = ObservedMapClassifier(mc.name, prog_id=7, handle=0x7368, prio=0x7368,
+                                     entries={r: dict(v) for r, v in mc.entries.items()})
     return EdtDeviceState(dp.device, dp.ifindex, root_kind=dp.root_kind, root_handle=ROOT_HANDLE,
-                          fqs={f.parent: f for f in dp.fqs}, clsact=True, stamper_name=dp.stamper.name)
+                          fqs={f.parent: f for f in dp.fqs}, clsact=True, stamper_name=dp.stamper.name,
+                          map_classifier=observed)
 
 
 def test_fresh_device_gets_root_fqs_clsact_and_stamper_then_a_resync_writes_nothing():
     (dp,) = planned(LINK).devices
     td = diff_device(dp, EdtDeviceState("eth0", 2, root_kind="mq", root_handle=0))
-    assert [type(o) for o in td.ops] == [SetRoot] + [SetFq] * 4 + [AddClsact, SetStamper]
+    assert [type(o) for o in td.ops] == [SetRoot] + [SetFq] * 4 + [AddClsact, AttachMapClassifier, SetStamper]
     stamper = td.ops[-1]
     assert dict(stamper.initial_q16)[DEFAULT_KEY] > 0
     assert diff_device(dp, in_sync_state(dp)).ops == []
@@ -100,8 +105,9 @@ def test_device_back_to_htb_loses_only_the_stamper_and_a_dropped_device_everythi
     assert td.ops[0].prio == PRIO_STAMPER
     gone = edt_plan.EdtPlan()
     (td,) = b.diff(gone, EdtObserved({2: in_sync_state(dp)}))
-    assert [type(o) for o in td.ops] == [DeleteStamper, DeleteRoot]
-    assert td.ops[1].describe() == "delete root qdisc 7365: on eth0: device no longer on the edt data plane"
+    # HTB keeps the map classifier on a device it takes back (above); a device dropped altogether loses it too.
+    assert [type(o) for o in td.ops] == [DeleteStamper, DetachMapClassifier, DeleteRoot]
+    assert td.ops[2].describe() == "delete root qdisc 7365: on eth0: device no longer on the edt data plane"
 
 
 def test_shaperd_plan_shows_the_edt_tree_as_tc_commands():
@@ -129,3 +135,60 @@ def test_edt_uplinks_get_the_same_map_classifier_htb_would_install():
     ops = diff_device(dp, EdtDeviceState("eth0", 2, root_kind="mq", root_handle=0)).ops
     assert any(type(o).__name__.startswith("Attach") or "classifier" in o.describe() for o in ops), \
         [o.describe() for o in ops]
+
+
+def _scoped_cfg():
+    return config.from_dict({"node": {"interfaces": ["eth0"], "dataplane": "edt"}, "tenants": [
+        {"name": "train", "bandwidthGuarantee": "60Gbps", "priority": 100,
+         "match": {"cidrs": ["198.18.1.0/24", "2001:db8:1::/48"]},
+         "destinations": [{"cidrs": ["198.19.0.0/16"], "bandwidthLimit": "5Gbps"}]},
+        {"name": "batch", "bandwidthGuarantee": "10Gbps", "priority": 50, "match": {"cidrs": ["198.18.2.0/24"]}},
+    ]})
+
+
+def test_edt_classifies_like_htb_without_destination_scopes_and_says_the_scope_limit_is_not_enforced():
+    from shaperd.backends.htb import plan as htb_plan
+
+    c = _scoped_cfg()
+    caps = Capabilities(bpf=True, bpf_maps=True, fq=True, mq=True)
+    inv = Inventory(links=(LINK,), capabilities=caps)
+    p = edt_plan.plan(c, inv, tenancy(c, inv))
+    mc = p.devices[0].map_classifier
+    assert mc is not None
+    # No scope entry: the stamper keys by tenant class minor, a scope's classid would leave unpaced.
+    assert mc.entries["dst4"] == {} and mc.entries["dst6"] == {}
+    assert any("destination scopes of train are not enforced on eth0 (dataplane edt)" in w for w in p.warnings), p.warnings
+    # Every other decision is HTB's own: the same entries as HTB's classifier for the same tenants.
+    c_h = config.from_dict({"node": {"interfaces": ["eth0"]}, "tenants": [
+        {"name": "train", "bandwidthGuarantee": "60Gbps", "priority": 100,
+         "match": {"cidrs": ["198.18.1.0/24", "2001:db8:1::/48"]}},
+        {"name": "batch", "bandwidthGuarantee": "10Gbps", "priority": 50, "match": {"cidrs": ["198.18.2.0/24"]}},
+    ]})
+    (hdp,) = htb_plan.plan(c_h, inv, ten=tenancy(c_h, inv)).devices
+    for role in ("src4", "src6", "ifindex", "cgroup", "mark"):
+        assert mc.entries[role] == hdp.map_classifier.entries[role], role
+    minors = assign_minors(["train", "batch"])
+    assert len(mc.entries["src4"]) == 2 and len(mc.entries["src6"]) == 1
+    assert sorted(mc.entries["src4"].values()) == sorted(
+        int(0x7368 << 16 | minors[n]).to_bytes(4, "little") for n in ("train", "batch"))
+
+
+def test_classification_lists_configured_prefixes_then_pod_addresses_each_network_once():
+    from ipaddress import ip_network
+
+    from shaperd.backends.htb.plan import classification
+    from shaperd.inventory import Pod
+
+    c = _scoped_cfg()
+    minors = assign_minors(["train", "batch"])
+    pods = (Pod("u1", "ns", "p1", ips=("198.18.2.0", "198.18.9.9")),  # 198.18.2.0/32 is not batch's /24: its own
+            Pod("u2", "ns", "p2", ips=("198.18.9.8",), host_network=True),  # hostNetwork: by cgroup, not address
+            Pod("u3", "ns", "p3", ips=("198.18.9.9",)))  # the same /32 as p1's: the first claim stays
+    inv = Inventory(links=(LINK,), pods=pods, capabilities=Capabilities(bpf=False))
+    who = classification(c, inv, {}, minors, by_pod={"u1": "train", "u2": "train", "u3": "batch"})
+    assert who.bpf_filters == ()  # without cls_bpf: no interface/cgroup/mark mapping at all
+    train, batch = (0x7368 << 16 | minors[n] for n in ("train", "batch"))
+    assert who.src_prefixes == (
+        (ip_network("198.18.1.0/24"), train), (ip_network("2001:db8:1::/48"), train),
+        (ip_network("198.18.2.0/24"), batch),
+        (ip_network("198.18.2.0/32"), train), (ip_network("198.18.9.9/32"), train))

@@ -8,7 +8,7 @@ from shaperd.errors import ConfigError
 from shaperd.inventory import Capabilities, Inventory, Link
 from shaperd.tenancy import tenancy
 
-EDT_KERNEL = Capabilities(bpf=True, fq=True, mq=True, leaf_kinds=frozenset({"fq_codel"}))
+EDT_KERNEL = Capabilities(bpf=True, bpf_maps=True, fq=True, mq=True, leaf_kinds=frozenset({"fq_codel"}))
 NO_FQ = Capabilities(bpf=True, fq=False, mq=True)
 
 
@@ -54,3 +54,12 @@ def test_without_sch_fq_auto_and_edt_fall_back_to_htb_and_say_why():
 def test_edt_forced_applies_to_every_uplink():
     ten = tenancy(cfg("edt", "1Gbps"), inv(EDT_KERNEL, FAST, SLOW))
     assert ten.dataplanes == {"eth0": "edt", "eth1": "edt"}
+
+
+def test_edt_needs_the_map_classifier_and_falls_back_to_htb_on_the_u32_path():
+    # The stamper paces by the tenant class the map classifier writes into skb->priority: on the u32 path
+    # (SHAPERD_CLASSIFIER=u32, or maps that could not be adopted) every packet would be "no tenant".
+    u32_path = Capabilities(bpf=True, bpf_maps=False, fq=True, mq=True)
+    ten = tenancy(cfg("edt"), inv(u32_path, FAST))
+    assert ten.dataplanes == {"eth0": "htb"}
+    assert any("eBPF map classifier unavailable" in w and "enforcing with htb" in w for w in ten.warnings), ten.warnings

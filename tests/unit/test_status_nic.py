@@ -149,7 +149,10 @@ def test_status_prints_the_sections_after_the_classes_and_rdma_ports_and_in_its_
     monkeypatch.setattr(status, "sample", lambda reader: {})  # no tc class: the table's empty line
     from shaperd.report import classifier_status
 
-    monkeypatch.setattr(classifier_status, "collect", lambda reader, device_probe=None: {})  # no shaperd HTB root: no section
+    monkeypatch.setattr(classifier_status, "collect", lambda reader: {})  # no shaperd HTB root: no section
+    from shaperd.report import edt_status
+
+    monkeypatch.setattr(edt_status, "devices", lambda reader: [])  # no edt root: no section, no key
     monkeypatch.setattr(nic_status, "collect", lambda cfg, r, reader, netns=None: collect(
         cfg, r, reader, vf_kernel=FakeNic("mlx5"), open_devlink=NoFamily, dcb_client=FakeDcb(["ens1f0"])))
     cfg = tmp_path / "t.yaml"

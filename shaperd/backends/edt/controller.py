@@ -58,6 +58,14 @@ def ns_per_byte_q16(rate_bps: int) -> int:
     return max(1, (8 * 1_000_000_000 << 16) // max(rate_bps, 1))
 
 
+def rate_bps_of_q16(ns_per_byte_q16: int) -> int:
+    """The inverse of ``ns_per_byte_q16`` (what a rate in the stamper's map means in bit/s; 0 = no rate set).
+
+    Exact to within one Q16 step: ``ns_per_byte_q16`` rounds down, so a rate reads back slightly above
+    what was written (300 Mbit/s as 300.000114 Mbit/s, 40 Gbit/s as 40.0006 Gbit/s; 1 Gbit/s exactly)."""
+    return 0 if ns_per_byte_q16 <= 0 else (8 * 1_000_000_000 << 16) // ns_per_byte_q16
+
+
 def _want(s: Share, demand: int, capacity_bps: int) -> int:
     return max(0, min(demand, s.limit_bps, capacity_bps))
 

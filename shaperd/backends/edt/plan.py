@@ -98,20 +98,33 @@ def plan(cfg: Config, inv: Inventory, ten: Tenancy, take_over: bool = False) -> 
         if dp is None:
             skipped.append(link.name)
         else:
-            devices.append(replace(dp, map_classifier=_map_classifier(cfg, inv, link, ten, warnings)))
+            devices.append(replace(dp, map_classifier=_map_classifier(cfg, inv, link, ten, minors, warnings)))
     htb = tuple(sorted(l.name for l in ten.uplinks if ten.dataplanes.get(l.name, "htb") == "htb"))
     return EdtPlan(tuple(devices), tuple(problems), tuple(warnings), tuple(skipped), htb, take_over or cfg.node.take_over,
                    {t.name: minors[t.name] for t in cfg.tenants})
 
 
-def _map_classifier(cfg: Config, inv: Inventory, link: Link, ten: Tenancy, warnings: list[str]):
-    """The map classifier HTB would put on this uplink (same tenants, same class ids), or None without eBPF maps."""
+def _map_classifier(cfg: Config, inv: Inventory, link: Link, ten: Tenancy, minors: dict[str, int],
+                    warnings: list[str]):
+    """The map classifier for this uplink (the same who-is-who as HTB's, htb.plan.classification), or None
+    without eBPF maps. Without destination scopes: the stamper keys packets by tenant class minor, and a
+    scope's class id (written into skb->priority by the scope LPM) would be no tenant's key, so the
+    tenant's traffic towards a scope would leave unpaced. It is paced as the tenant's instead, and the
+    operator is told the scope's own limit is not enforced there."""
     if not inv.capabilities.bpf_maps:
         return None
-    from ..htb.plan import HtbSettings, plan_device as htb_plan_device
+    from ..htb.plan import classification, map_classifier_for
 
-    dp, _ = htb_plan_device(cfg, inv, link, ten.interfaces, HtbSettings(), ten.pod_tenants, ten.marks, warnings)
-    return getattr(dp, "map_classifier", None)
+    who = classification(cfg, inv, ten.interfaces, minors, ten.pod_tenants, ten.marks)
+    mc, _rest, warns = map_classifier_for(list(who.bpf_filters), cfg.node.mark_mask, (), who.src_prefixes)
+    scoped = sorted(t.name for t in cfg.tenants if t.destinations)
+    if scoped:
+        warns = [*warns, f"destination scopes of {', '.join(scoped)} are not enforced on {link.name} (dataplane edt): "
+                 "their traffic is paced at the tenant's own rate and limit; use dataplane htb for per-destination limits"]
+    for w in warns:
+        if w not in warnings:
+            warnings.append(w)
+    return mc
 
 
 def plan_device(cfg: Config, link: Link, minors: dict[str, int]) -> tuple[EdtDevicePlan | None, list[ConfigProblem]]:

@@ -4,7 +4,7 @@ The rule (documented in README, "EDT data plane"):
 
 - ``htb``: every uplink gets the HTB tree (the default).
 - ``edt``: every uplink gets mq + sch_fq + the stamper, if the kernel has
-  sch_fq, mq and cls_bpf; otherwise HTB, with a warning naming what is missing
+  sch_fq, mq and cls_bpf and the eBPF map classifier is in use; otherwise HTB, with a warning naming what is missing
   (bad input never costs enforcement).
 - ``auto``: edt where the kernel has all three AND the uplink's capacity
   (node.capacity, else the reported link speed) is at least
@@ -33,6 +33,10 @@ def edt_missing(caps: Capabilities) -> list[str]:
         missing.append("mq missing")
     if not caps.bpf:
         missing.append("cls_bpf/bpf() unavailable")
+    elif not caps.bpf_maps:
+        # The stamper paces by the tenant class the map classifier wrote into skb->priority; without it
+        # every packet would be "no tenant" and share the reserve (u32 on the HTB root cannot help here).
+        missing.append("the eBPF map classifier unavailable (u32 path)")
     return missing
 
 

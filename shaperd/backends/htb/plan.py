@@ -212,6 +212,66 @@ def cgroup_entries(
     return out, tuple(sorted(label for _, label in entries.values()))
 
 
+@dataclass(frozen=True)
+class Classification:
+    """Who is who on an uplink, before any classifier realises it (one input for the htb and edt planners).
+
+    ``bpf_filters``: the interface, cgroup and mark mappings as cls_bpf filters
+    (empty without cls_bpf); ``src_prefixes``: (network, classid) for every
+    configured source prefix and every non-hostNetwork pod address, in plan
+    order (a configured prefix of the same length wins over a pod's).
+    """
+
+    bpf_filters: tuple[BpfFilter, ...] = ()
+    src_prefixes: tuple[tuple[object, int], ...] = ()
+
+
+def classification(
+    cfg: Config, inv: Inventory, ifmap: dict[int, tuple[str, str]], minors: dict[str, int],
+    by_pod: dict[str, str] | None = None, marks_by_tenant: dict[str, int] | None = None,
+) -> Classification:
+    filters: list[BpfFilter] = []
+    by_pod = by_pod or {}
+    marks_by_tenant = marks_by_tenant or {}
+    if inv.capabilities.bpf:
+        mapping = tuple(sorted((idx, classid(minors[tenant])) for idx, (tenant, _) in ifmap.items()))
+        if mapping:
+            filters.append(
+                BpfFilter(
+                    prio=PRIO_BPF_IFINDEX, name=bpf_program_name(mapping), mapping=mapping,
+                    interfaces=tuple(sorted(name for _, name in ifmap.values())),
+                )
+            )
+        cg_entries, cg_labels = cgroup_entries(cfg, inv, by_pod, minors)
+        if cg_entries:
+            filters.append(BpfFilter(prio=PRIO_BPF_CGROUP, name=bpf_program_name(cg_entries, "cgroup"),
+                                     mapping=cg_entries, interfaces=cg_labels, kind="cgroup"))
+        mark_map = tuple(sorted(
+            (marks_by_tenant[t.name], cfg.node.mark_mask, classid(minors[t.name]))
+            for t in cfg.tenants if t.name in marks_by_tenant
+        ))
+        if mark_map:
+            filters.append(BpfFilter(prio=PRIO_BPF_MARK, name=bpf_program_name(mark_map, "classmark"),
+                                     mapping=mark_map, interfaces=tuple(f"mark 0x{v:x}" for v, _, _ in mark_map),
+                                     kind="mark"))
+    claimed: set = set()
+    src_prefixes: list = []
+    for t in cfg.tenants:
+        for net in t.match.cidrs:
+            src_prefixes.append((net, classid(minors[t.name])))
+            claimed.add(net)
+    for pod in inv.pods:
+        tenant = by_pod.get(pod.uid)
+        if tenant is None or pod.host_network:
+            continue
+        for ip in pod.ips:
+            net = ipaddress.ip_network(ip)
+            if net not in claimed:  # a configured prefix of the same length wins
+                claimed.add(net)
+                src_prefixes.append((net, classid(minors[tenant])))
+    return Classification(tuple(filters), tuple(src_prefixes))
+
+
 def plan_device(
     cfg: Config, inv: Inventory, link: Link, ifmap: dict[int, tuple[str, str]], s: HtbSettings,
     by_pod: dict[str, str] | None = None, marks_by_tenant: dict[str, int] | None = None,
@@ -253,46 +313,9 @@ def plan_device(
             inner.add(tcls.classid)
     leaves = [leaf_for(s, c, inv.capabilities) for c in classes if c.classid not in inner]
 
-    filters: list[Filter] = []
-    by_pod = by_pod or {}
-    marks_by_tenant = marks_by_tenant or {}
-    if inv.capabilities.bpf:
-        mapping = tuple(sorted((idx, classid(minors[tenant])) for idx, (tenant, _) in ifmap.items()))
-        if mapping:
-            filters.append(
-                BpfFilter(
-                    prio=PRIO_BPF_IFINDEX, name=bpf_program_name(mapping), mapping=mapping,
-                    interfaces=tuple(sorted(name for _, name in ifmap.values())),
-                )
-            )
-        cg_entries, cg_labels = cgroup_entries(cfg, inv, by_pod, minors)
-        if cg_entries:
-            filters.append(BpfFilter(prio=PRIO_BPF_CGROUP, name=bpf_program_name(cg_entries, "cgroup"),
-                                     mapping=cg_entries, interfaces=cg_labels, kind="cgroup"))
-        mark_map = tuple(sorted(
-            (marks_by_tenant[t.name], cfg.node.mark_mask, classid(minors[t.name]))
-            for t in cfg.tenants if t.name in marks_by_tenant
-        ))
-        if mark_map:
-            filters.append(BpfFilter(prio=PRIO_BPF_MARK, name=bpf_program_name(mark_map, "classmark"),
-                                     mapping=mark_map, interfaces=tuple(f"mark 0x{v:x}" for v, _, _ in mark_map),
-                                     kind="mark"))
-    claimed: set = set()
-    src_prefixes: list = []  # (network, classid) in plan order
-    for t in cfg.tenants:
-        for net in t.match.cidrs:
-            src_prefixes.append((net, classid(minors[t.name])))
-            claimed.add(net)
-    for pod in inv.pods:
-        tenant = by_pod.get(pod.uid)
-        if tenant is None:
-            continue
-        if not pod.host_network:
-            for ip in pod.ips:
-                net = ipaddress.ip_network(ip)
-                if net not in claimed:  # a configured prefix of the same length wins
-                    claimed.add(net)
-                    src_prefixes.append((net, classid(minors[tenant])))
+    who = classification(cfg, inv, ifmap, minors, by_pod, marks_by_tenant)
+    src_prefixes = list(who.src_prefixes)
+    filters: list[Filter] = list(who.bpf_filters)
     if not inv.capabilities.bpf_maps:
         filters.extend(U32Filter.for_prefix(net, cls) for net, cls in src_prefixes)
     filters.sort(key=lambda f: (f.prio, getattr(f, "protocol", 0), getattr(f, "prefix", "")))
