@@ -122,9 +122,13 @@ class Node:
     # Which data plane enforces the uplinks: "htb", "edt" (mq + sch_fq + the
     # EDT stamper, shaperd/backends/edt/) or "auto" (shaperd/backends/edt/select.py).
     dataplane: str = "htb"
+    # HTB offload (``htb offload``, mlx5): "auto" (where the device probe says it can and the plan
+    # can be expressed), "on" (try wherever the plan can be expressed; the kernel decides), "off".
+    htb_offload: str = "auto"
 
 
 DATAPLANES = ("htb", "edt", "auto")
+HTB_OFFLOAD_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -223,7 +227,7 @@ def from_dict(doc: Any, source: str = "<memory>", prefix: str = "") -> Config:
 # ---------------------------------------------------------------- validation
 
 _TOP_KEYS = {"tenants", "node"}
-_NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver", "markMask", "dataplane"}
+_NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver", "markMask", "dataplane", "htbOffload"}
 _TENANT_KEYS = {"name", "bandwidthGuarantee", "bandwidthLimit", "priority", "match", "rdma", "destinations",
                 "priorityFrom"}
 PRIORITY_FROM = ("volcanoQueue",)
@@ -327,9 +331,16 @@ class _Validator:
         if dataplane not in DATAPLANES:
             self.bad("node.dataplane", f"expected one of {', '.join(DATAPLANES)}, got {dataplane!r}")
             dataplane = "htb"
+        htb_offload = m.get("htbOffload", "auto")
+        if isinstance(htb_offload, bool):  # YAML 1.1 reads an unquoted on/off as true/false
+            htb_offload = "on" if htb_offload else "off"
+        if htb_offload not in HTB_OFFLOAD_MODES:
+            self.bad("node.htbOffload", f"expected one of {', '.join(HTB_OFFLOAD_MODES)}, got {htb_offload!r}")
+            htb_offload = "auto"
         return Node(
             mark_mask=mask,
             dataplane=dataplane,
+            htb_offload=htb_offload,
             interfaces=tuple(ifaces),
             capacity_bps=self.rate(m.get("capacity"), "node.capacity", required=False),
             reserve_bps=self.rate(m.get("reserve"), "node.reserve", required=False),

@@ -10,6 +10,15 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class HtbOffloadSupport:
+    """What the device probe (discovery/htb_offload.py) says about HTB offload on one link."""
+
+    capable: bool
+    why: str  # "mlx5_core, hw-tc-offload on" or why not
+    driver: str = ""
+
+
+@dataclass(frozen=True)
 class Link:
     name: str
     ifindex: int
@@ -18,6 +27,8 @@ class Link:
     mtu: int = 1500
     up: bool = True
     tx_queues: int = 1  # IFLA_NUM_TX_QUEUES (the edt backend puts one sch_fq under mq per queue)
+    # The HTB offload device probe, for uplinks where node.htbOffload is not off; None = not probed.
+    htb_offload: HtbOffloadSupport | None = None
 
 
 @dataclass(frozen=True)

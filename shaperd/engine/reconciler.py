@@ -27,7 +27,7 @@ from ..errors import ConfigProblem, KernelError, ShaperdError
 from ..inventory import Capabilities, Inventory
 from ..kernel.rtnl import CachedReads
 from ..roots import DEFAULT, Roots
-from ..tenancy import Tenancy, tenancy
+from ..tenancy import Tenancy, select_devices, tenancy
 from . import fallback
 
 
@@ -123,7 +123,7 @@ class Report:
 
 class Reconciler:
     def __init__(self, reader, backends: list[Backend], capabilities: Capabilities, *, roots: Roots = DEFAULT,
-                 pods_source=None, cgroup_root=None, pod_resources=None):
+                 pods_source=None, cgroup_root=None, pod_resources=None, device_probe=None):
         # Reads go through one rtnetlink reader (kernel/rtnl.py) in the same namespace as the
         # backends' writers: both are opened by open_node() through kernel/netns.py.
         self.reader = reader
@@ -134,6 +134,8 @@ class Reconciler:
         self.pods_source = pods_source
         # discovery.podresources.source.PodResourcesSource (the kubelet's device assignments), or None.
         self.pod_resources = pod_resources
+        # discovery.htb_offload.DeviceProbe (the uplinks' HTB offload capability), or None (not probed).
+        self.device_probe = device_probe
         self.cgroup_root = cgroup_root if cgroup_root is not None else cgroups_mod.cgroup2_root(roots)
         self.log = log.get("shaperd.reconcile")
         # <run>/shaperd/refused-<scope>.json, set by open_node: what applies found the kernel refuses, for status.
@@ -169,9 +171,12 @@ class Reconciler:
         if self.pod_resources is not None and pods:
             pods, notes = self.pod_resources.resolve(pods)
             rdma_notes += notes
-        return Inventory(links=inv.links, default_route_devices=inv.default_route_devices,
-                         capabilities=inv.capabilities, pods=pods, cgroups=tuple(refs), rdma=rdma,
-                         rdma_notes=rdma_notes)
+        inv = Inventory(links=inv.links, default_route_devices=inv.default_route_devices,
+                        capabilities=inv.capabilities, pods=pods, cgroups=tuple(refs), rdma=rdma,
+                        rdma_notes=rdma_notes)
+        if self.device_probe is not None and cfg is not None and cfg.node.htb_offload != "off":
+            inv = self.device_probe.annotate(inv, select_devices(cfg, inv)[0])
+        return inv
 
     def plan(self, cfg: Config, inv: Inventory | None = None) -> PlanResult:
         """Pure given the inventory: every enabled backend's desired state."""
@@ -327,10 +332,11 @@ def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DE
     pins = bpf_pins.PinStore(caps.bpf_pin_root, bpf_pins.scope_for(netns)) if caps.bpf_adopt == "pins" else None
     # The edt stampers' pins: where the probe got a stamper back (the map classifier may be refused there).
     stamper_pins = _stamper_pins(caps, netns)
-    rec = Reconciler(reader, default_backends(writer, take_over, roots, netns, pins, stamper_pins), caps, roots=roots,
-                     pods_source=pods_source, pod_resources=pod_resources)
+    from ..discovery.htb_offload import DeviceProbe
     from ..report import edt_refused
 
+    rec = Reconciler(reader, default_backends(writer, take_over, roots, netns, pins, stamper_pins), caps, roots=roots,
+                     pods_source=pods_source, pod_resources=pod_resources, device_probe=DeviceProbe(netns, roots))
     rec.refused_file = edt_refused.path_for(roots.run, netns)
     return rec
 

@@ -186,7 +186,8 @@ def _probe(bpffs_root: str | None = None) -> Capabilities:
         idx_off = ipr.link_lookup(ifname="q1")[0]
         _off_ok, off_why = htb_offload(ipr, idx_off, "veth")
         if not _off_ok:
-            notes.append(f"{off_why} (probe): HTB offload is decided per device (backends/htb/offload.py)")
+            notes.append(f"{off_why} (probe veth): HTB offload is decided per uplink (discovery/htb_offload.py "
+                         "probes each device read-only; backends/htb/offload_plan.py decides)")
         from . import bpf, bpf_classify
 
         bpf_ok, why = bpf.bpf_supported()
@@ -244,8 +245,7 @@ def htb_offload(ipr: IPRoute, ifindex: int, device: str) -> tuple[bool, str]:
     """Try ``htb offload`` as the root of ``device`` (a probe veth: never a node's device). (ok, why not)."""
     from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 
-    msg = _tc._msg(RTM_NEWQDISC, _tc._F_PUT, ifindex, 0x10000, TC_H_ROOT, kind="htb",
-                   options={"attrs": [*_tc._htb_init(2)["attrs"], ["TCA_HTB_OFFLOAD", ""]]})
+    msg = _tc._msg(RTM_NEWQDISC, _tc._F_PUT, ifindex, 0x10000, TC_H_ROOT, kind="htb", options=_tc._htb_init(2, True))
     try:
         ipr.nlm_request_batch([msg])
     except NetlinkError as e:

@@ -28,6 +28,7 @@ NDA_DST, NDA_LLADDR, NDA_MASTER = 1, 2, 9
 TCA_KIND, TCA_OPTIONS, TCA_STATS2 = 1, 2, 7
 TCA_STATS_BASIC, TCA_STATS_QUEUE, TCA_STATS_APP = 1, 3, 4
 TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
+TCA_HTB_OFFLOAD = 9  # NLA_FLAG: htb_dump puts it on an offloaded root (sch_htb.c, kernel 5.12+)
 TCA_FQ_CODEL_LIMIT = 2
 TCA_U32_CLASSID, TCA_U32_DIVISOR, TCA_U32_SEL, TCA_U32_MARK = 1, 4, 5, 10
 TCA_BPF_CLASSID, TCA_BPF_NAME, TCA_BPF_ID = 3, 7, 11
@@ -79,6 +80,7 @@ class QdiscRow(NamedTuple):
     default_minor: int = 0  # htb: the default class
     # sch_fq: (limit, flow_limit, horizon_us, horizon_drop), the edt backend's sizing; None for other kinds.
     fq: tuple[int, int, int, int] | None = None
+    offload: bool = False  # htb: the root is offloaded to the NIC (TCA_HTB_OFFLOAD in the dump)
 
 
 class HtbClassRow(NamedTuple):
@@ -181,6 +183,7 @@ def qdisc(buf: bytes, m: Message) -> QdiscRow:
     kind = string(buf, a.get(TCA_KIND))
     limit = default_minor = 0
     fq = None
+    offload = False
     if TCA_OPTIONS in a:
         s, e = a[TCA_OPTIONS]
         if kind in ("bfifo", "pfifo") and e - s >= 4:
@@ -191,13 +194,14 @@ def qdisc(buf: bytes, m: Message) -> QdiscRow:
             o = attrs(buf, s, e)
             if TCA_HTB_INIT in o:
                 default_minor = U32.unpack_from(buf, o[TCA_HTB_INIT][0] + 8)[0]  # tc_htb_glob.defcls
+            offload = TCA_HTB_OFFLOAD in o
         elif kind == "fq":
             o = attrs(buf, s, e)
             drop = buf[o[TCA_FQ_HORIZON_DROP][0]] if TCA_FQ_HORIZON_DROP in o else 0  # a u8
             fq = (u32(buf, o.get(TCA_FQ_PLIMIT)), u32(buf, o.get(TCA_FQ_FLOW_PLIMIT)), u32(buf, o.get(TCA_FQ_HORIZON)),
                   drop)
     return QdiscRow(ifindex=index, handle=handle, parent=parent, kind=kind, limit=limit, default_minor=default_minor,
-                    fq=fq)
+                    fq=fq, offload=offload)
 
 
 def htb_class(buf: bytes, m: Message) -> HtbClassRow | None:

@@ -186,9 +186,12 @@ def _htb_class_options(c: HtbClass) -> dict:
     return {"attrs": attrs}
 
 
-def _htb_init(default_minor: int) -> dict:
-    return {"attrs": [["TCA_HTB_INIT", {"version": 3, "rate2quantum": 10, "defcls": default_minor,
-                                         "debug": 0, "direct_pkts": 0}]]}
+def _htb_init(default_minor: int, offload: bool = False) -> dict:
+    attrs = [["TCA_HTB_INIT", {"version": 3, "rate2quantum": 10, "defcls": default_minor,
+                               "debug": 0, "direct_pkts": 0}]]
+    if offload:  # NLA_FLAG, no payload: what `tc qdisc add ... htb offload` sends (tests/contract)
+        attrs.append(["TCA_HTB_OFFLOAD", ""])
+    return {"attrs": attrs}
 
 
 def _leaf_options(q: LeafQdisc) -> dict:
@@ -247,9 +250,9 @@ def _edt_stamper(op: edt.SetStamper, fd: int | None):
 # One encoder per operation class: (operation, fd of its loaded BPF program or None) -> netlink request.
 ENCODERS = {
     htb.CreateRoot: lambda op, _fd: _msg(RTM_NEWQDISC, _F_PUT, op.ifindex, op.root.handle, TC_H_ROOT, kind="htb",
-                                         options=_htb_init(op.root.default_minor)),
+                                         options=_htb_init(op.root.default_minor, op.root.offload)),
     htb.ChangeRoot: lambda op, _fd: _msg(RTM_NEWQDISC, _F_DEL, op.ifindex, op.root.handle, TC_H_ROOT, kind="htb",
-                                         options=_htb_init(op.root.default_minor)),
+                                         options=_htb_init(op.root.default_minor, op.root.offload)),
     htb.DeleteRoot: lambda op, _fd: _msg(RTM_DELQDISC, _F_DEL, op.ifindex, ROOT_HANDLE, TC_H_ROOT),
     htb.CreateClass: lambda op, _fd: _msg(RTM_NEWTCLASS, _F_PUT, op.ifindex, op.cls.classid, op.cls.parent, kind="htb",
                                           options=_htb_class_options(op.cls)),

@@ -1,7 +1,9 @@
-"""Which classifier path each shaped device uses, as a metric: shaperd_classifier_info{device,path}.
+"""Which classifier path each shaped device uses, and whether its HTB is offloaded, as metrics.
 
-Owns only the exposition of what the HTB backend recorded at its last
-stats() (HtbBackend.classifier_paths); reads nothing from the kernel.
+shaperd_classifier_info{device,path} and shaperd_htb_offload{device} (1 on,
+0 off). Owns only the exposition of what the HTB backend recorded at its
+last stats() (HtbBackend.classifier_paths, HtbBackend.offload); reads
+nothing from the kernel.
 """
 
 from __future__ import annotations
@@ -22,6 +24,18 @@ class ClassifierCollector:
         yield fam
 
 
+class HtbOffloadCollector:
+    def __init__(self, backend):
+        self.backend = backend
+
+    def collect(self):
+        fam = GaugeMetricFamily("shaperd_htb_offload", "1 where the device's HTB tree is offloaded to the NIC "
+                                "(tc htb offload), 0 where it runs in software", labels=["device"])
+        for dev, (on, _why) in sorted(self.backend.offload.items()):
+            fam.add_metric([dev], 1 if on else 0)
+        yield fam
+
+
 def install(metrics, backends) -> None:
     """Add the ``classifier`` collector when an HTB backend runs."""
     from ..backends.htb.backend import HtbBackend
@@ -29,3 +43,4 @@ def install(metrics, backends) -> None:
     b = next((b for b in backends if isinstance(b, HtbBackend)), None)
     if b is not None:
         metrics.collectors.collectors["classifier"] = ClassifierCollector(b)
+        metrics.collectors.collectors["htb_offload"] = HtbOffloadCollector(b)

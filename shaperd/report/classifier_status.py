@@ -12,10 +12,12 @@ from ..backends.htb.observe import owned_ifindexes
 from ..kernel.bpf_classify import TC_H_CLSACT_EGRESS
 
 
-def collect(reader) -> dict[str, dict]:
-    """{device: {"path": "ebpf"|"u32", "program": name, "prog_id": id}} for every device shaperd shapes."""
+def collect(reader, device_probe=None) -> dict[str, dict]:
+    """{device: {"path": "ebpf"|"u32", "program": name, "prog_id": id, "htb_offload": "on"|"off"}} for every
+    device shaperd shapes; with ``device_probe`` (discovery/htb_offload.DeviceProbe), why offload is off."""
     qdiscs = reader.qdiscs()
-    names = {l.ifindex: l.name for l in reader.links()}
+    links = reader.links()
+    names = {l.ifindex: l.name for l in links}
     clsact = {q.ifindex for q in qdiscs if q.kind == "clsact"}
     out = {}
     for idx in sorted(owned_ifindexes(qdiscs)):
@@ -25,8 +27,24 @@ def collect(reader) -> dict[str, dict]:
             for f in reader.filters(idx, TC_H_CLSACT_EGRESS, dev):
                 if f.kind == "bpf" and f.prio == mapcls.PRIO_EGRESS_CLASSIFY and mapcls.is_ours(f.name):
                     row = {"path": "ebpf", "program": f.name, "prog_id": f.prog_id}
+        root = next((q for q in qdiscs if q.ifindex == idx and q.parent == 0xFFFFFFFF), None)
+        row["htb_offload"] = "on" if root is not None and root.offload else "off"
         out[dev] = row
+    if device_probe is not None:
+        with_offload_reasons(out, links, device_probe)
     return out
+
+
+def with_offload_reasons(paths: dict[str, dict], links, device_probe) -> dict[str, dict]:
+    """Add "htb_offload_why" where offload is off: the device probe's (discovery/htb_offload.py) reason."""
+    by_name = {l.name: l for l in links}
+    off = [by_name[dev] for dev, r in paths.items() if r.get("htb_offload") == "off" and dev in by_name]
+    found = device_probe.probe(off) if off else {}
+    for dev, probe in found.items():
+        paths[dev]["htb_offload_why"] = (probe.why if not probe.capable else
+                                         "the device can offload; the plan or a kernel refusal keeps it in software "
+                                         "(the daemon's warnings say which)")
+    return paths
 
 
 def render(paths: dict[str, dict]) -> str:
@@ -34,4 +52,7 @@ def render(paths: dict[str, dict]) -> str:
     for dev, r in sorted(paths.items()):
         extra = f" (program {r['program']}, id {r['prog_id']})" if r["path"] == "ebpf" else ""
         lines.append(f"  {dev}: {r['path']}{extra}")
+        if "htb_offload" in r:
+            why = f" ({r['htb_offload_why']})" if r.get("htb_offload_why") else ""
+            lines.append(f"  {dev}: htb offload: {r['htb_offload']}{why}")
     return "\n".join(lines)

@@ -132,8 +132,10 @@ def main(args) -> int:
 
 
 def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
+    from ..discovery.htb_offload import DeviceProbe
     from . import classifier_status, edt_refused, edt_status, nic_status, rdma_view
 
+    offload_probe = DeviceProbe(getattr(args, "netns", None), nic_roots)  # read-only: driver and ethtool features
     prev = sample(ipr)
     t0 = time.monotonic()
     rdma.sample(t0)
@@ -147,7 +149,7 @@ def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
         rs = rows(prev, cur, t1 - t0, labels)
         ports = rdma.view()
         nic = nic_status.collect(nic_cfg, nic_roots, ipr, netns=getattr(args, "netns", None))
-        paths = classifier_status.collect(ipr)
+        paths = classifier_status.with_offload_reasons(classifier_status.collect(ipr), ipr.links(), offload_probe)
         if output.machine(args):  # -o json: one compact line per window (JSON lines under --watch)
             extra = {"classifier": paths} if paths else {}  # only where a device carries shaperd's HTB
             doc = {"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs], **edt.doc(),

@@ -9,6 +9,7 @@ longer use it (gone, renamed, deselected, u32 path) and a crash's leftovers.
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 
 from ... import log
@@ -20,6 +21,7 @@ from . import observe as obs
 from .diff import diff_device, diff_teardown
 from .mapcls import stale_pins
 from .objects import DeviceState
+from .ops import ChangeClass, CreateClass, CreateRoot, SetLeaf
 from .plan import HtbPlan, HtbSettings, plan
 
 
@@ -35,6 +37,23 @@ class HtbObserved:
     pin_entries: list[str] | None = None
 
 
+class OffloadRefused(KernelError):
+    """The kernel or driver refused an offloaded HTB root or class on a device.
+
+    Worth a prompt retry (unlike the EINVAL or EOPNOTSUPP it carries): the next plan for that device is
+    software HTB, so the daemon's short backoff, not the resync, restores enforcement there."""
+
+    @property
+    def transient(self) -> bool:
+        return True
+
+
+# Answers that mean "this offloaded tree is not accepted here" (sch_htb.c htb_init/htb_change_class, mlx5
+# en/qos.c): EOPNOTSUPP (no hw-tc-offload, driver without TC_SETUP_QDISC_HTB), EINVAL (prio/quantum,
+# firmware), ENOSPC (leaf limit), ERANGE.
+OFFLOAD_REFUSALS = frozenset({errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSPC, errno.ERANGE})
+
+
 class HtbBackend:
     name = "htb"
 
@@ -47,6 +66,13 @@ class HtbBackend:
         self.pins = pins.sub("htb") if pins is not None else None
         # device -> "ebpf" | "u32", as of the last stats() (status, metrics, one log line per change).
         self.classifier_paths: dict[str, str] = {}
+        # (ifindex, device) -> the kernel's refusal of htb offload there: planned in software from then on,
+        # forgotten when that device goes away (new ifindex or name) or the daemon restarts. No retry loop.
+        self.offload_refused: dict[tuple[int, str], str] = {}
+        # (ifindex, device) planned with an offloaded root by the last plan().
+        self._offloaded: set[tuple[int, str]] = set()
+        # device -> (offloaded, why), as of the last stats() (status, metrics, one log line per change).
+        self.offload: dict[str, tuple[bool, str]] = {}
 
     def probe(self, caps: Capabilities) -> Support:
         if not caps.htb:
@@ -54,7 +80,27 @@ class HtbBackend:
         return Support(True)
 
     def plan(self, ctx: PlanInput) -> HtbPlan:
-        return plan(ctx.config, ctx.inventory, self.settings, ctx.tenancy, self.take_over)
+        present = {(l.ifindex, l.name) for l in ctx.inventory.links}
+        self.offload_refused = {k: v for k, v in self.offload_refused.items() if k in present}
+        p = plan(ctx.config, ctx.inventory, self.settings, ctx.tenancy, self.take_over, dict(self.offload_refused))
+        self._offloaded = {(dp.ifindex, dp.device) for dp in p.devices if dp.root.offload}
+        return p
+
+    def _offload_refusals(self, result: ApplyResult) -> None:
+        """Remember a refused offload per device (the first refusal's text) and say so; mark the errors."""
+        for i, (op, err) in enumerate(result.failed):
+            key = (op.ifindex, op.device)
+            offloaded = (isinstance(op, CreateRoot) and op.root.offload) or (
+                key in self._offloaded and isinstance(op, (CreateClass, ChangeClass, SetLeaf)))
+            if not offloaded or err.errno not in OFFLOAD_REFUSALS:
+                continue
+            if key not in self.offload_refused:
+                self.offload_refused[key] = err.cause
+                log.get("shaperd.htb").warning("htb offload refused; falling back to software HTB", device=op.device,
+                                               operation=op.describe(), error=err.cause)
+            result.failed[i] = (op, OffloadRefused(err.verb, err.obj, err.device,
+                                                   f"{err.cause} (htb offload refused: the next plan is software HTB)",
+                                                   err.errno))
 
     def observe(self, reads, inv: Inventory) -> HtbObserved:
         qdiscs = reads.all_qdiscs()
@@ -106,7 +152,25 @@ class HtbBackend:
         # tc objects first (the classes the classifier points at), then the map classifier's writes.
         tc_ops = [op for op in diff.ops if not bpf_classify.is_classifier_op(op)]
         cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
-        result = tc.apply_ops(self.writer, tc_ops, batch=batch)
+        first = next((i for i, op in enumerate(tc_ops) if isinstance(op, CreateRoot) and op.root.offload), None)
+        if not batch and first is not None:
+            # One by one: the offloaded root first; refused, the tree under it is not sent (it would only
+            # fail, once per class): the next plan, a moment later, is software HTB for this device.
+            result = tc.apply_ops(self.writer, tc_ops[:first + 1], batch=False)
+            self._offload_refusals(result)
+            root_failed = next((e for op, e in result.failed if op is tc_ops[first]), None)
+            if isinstance(root_failed, OffloadRefused):
+                cause = f"not sent: htb offload was refused on {diff.target} (the next plan is software HTB)"
+                result.failed += [(op, OffloadRefused(op.verb, op.what(), op.device, cause, root_failed.errno))
+                                  for op in tc_ops[first + 1:] + cls_ops]
+                return result
+            rest = tc.apply_ops(self.writer, tc_ops[first + 1:], batch=False)
+            self._offload_refusals(rest)
+            result.applied.extend(rest.applied)
+            result.failed.extend(rest.failed)
+        else:
+            result = tc.apply_ops(self.writer, tc_ops, batch=batch)
+            self._offload_refusals(result)
         if cls_ops and not result.batch_failed:
             more = bpf_classify.apply_ops(self.writer, cls_ops, self.pins)
             result.applied.extend(more.applied)
@@ -126,6 +190,11 @@ class HtbBackend:
                        else "u32 filters and classic cls_bpf on the HTB root")
                 log.get("shaperd.htb").info("classifier path", device=dev, path=path, detail=how)
         self.classifier_paths = paths
+        offload = {dp.device: (dp.root.offload, dp.offload_why) for dp in desired.devices}
+        for dev, (on, why) in sorted(offload.items()):
+            if self.offload.get(dev) != (on, why):
+                log.get("shaperd.htb").info("htb offload", device=dev, offload="on" if on else "off", why=why)
+        self.offload = offload
         for dp in desired.devices:
             by_id = {c.classid: c for c in dp.classes}
             for tenant, cid in dp.tenant_classes.items():

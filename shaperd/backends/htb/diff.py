@@ -74,6 +74,12 @@ def diff_device(desired: DevicePlan, observed: DeviceState, take_over: bool = Fa
     tenant_of = {c.classid: c.tenant for c in desired.classes}
     if verdict == "adopt" and _needs_rebuild(desired, observed):
         verdict, reason = "replace", "class tree structure differs; rebuilding"
+    if verdict == "adopt" and observed.root is not None and observed.root.offload != desired.root.offload:
+        # The kernel fixes offload at htb_init: switching means a new root (the tree is rebuilt, traffic
+        # is unshaped for the few writes in between).
+        verdict, reason = "replace", ("htb offload: replacing the software root with an offloaded one"
+                                      if desired.root.offload else
+                                      "htb offload off: replacing the offloaded root with a software one")
     if verdict == "replace":
         if observed.owned:
             # Replacing an htb with an htb of the same handle is a "change" to the kernel: remove first.
@@ -125,7 +131,7 @@ def diff_device(desired: DevicePlan, observed: DeviceState, take_over: bool = Fa
         have = observed.classes.get(c.classid)
         if have is None:
             ops.append(CreateClass(device=dev, ifindex=idx, cls=c, reason="missing", tenant=c.tenant))
-        elif have.kernel_fields() != c.kernel_fields():
+        elif not _fields_match(have.kernel_fields(), c):
             ops.append(ChangeClass(device=dev, ifindex=idx, cls=c, reason=_class_delta(have.kernel_fields(), c),
                                    tenant=c.tenant))
 
@@ -193,6 +199,17 @@ def _depth(observed: DeviceState, cid: int) -> int:
         cid = observed.classes[cid].parent
         depth += 1
     return depth
+
+
+_QUANTUM = _FIELD_NAMES.index("quantum")
+
+
+def _fields_match(have: tuple, want: HtbClass) -> bool:
+    """Equal kernel fields; a planned quantum of 0 (offload: the kernel picks it from the rate) matches any."""
+    fields = want.kernel_fields()
+    if want.quantum_bytes == 0:
+        return have[:_QUANTUM] + have[_QUANTUM + 1:] == fields[:_QUANTUM] + fields[_QUANTUM + 1:]
+    return have == fields
 
 
 def _class_delta(have: tuple, want: HtbClass) -> str:

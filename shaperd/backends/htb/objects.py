@@ -65,6 +65,8 @@ class HtbRoot:
 
     handle: int = ROOT_HANDLE
     default_minor: int = DEFAULT_CLASS_MINOR
+    # HTB offload (TCA_HTB_OFFLOAD): the NIC schedules the tree (backends/htb/offload_plan.py).
+    offload: bool = False
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,8 @@ class DevicePlan:
     dst_scopes: tuple[DstScope, ...] = ()
     # The eBPF map classifier on clsact egress (backends/htb/mapcls.py), or None on the u32 path.
     map_classifier: object = field(default=None, compare=False)
+    # Why HTB offload is on or off for this device (status, metrics, logs); "" where never considered.
+    offload_why: str = field(default="", compare=False)
 
     @property
     def classifier_path(self) -> str:
@@ -251,6 +255,7 @@ class RootQdisc:
     kind: str
     handle: int
     default_minor: int = 0
+    offload: bool = False  # htb: TCA_HTB_OFFLOAD in the dump
 
 
 @dataclass

@@ -37,7 +37,7 @@ def device_state(reads, device: str, ifindex: int, qdiscs: list[QdiscRow] | None
         if q.ifindex != ifindex:
             continue
         if q.parent == TC_H_ROOT:
-            st.root = RootQdisc(kind=q.kind, handle=q.handle, default_minor=q.default_minor)
+            st.root = RootQdisc(kind=q.kind, handle=q.handle, default_minor=q.default_minor, offload=q.offload)
         elif q.parent >> 16 == HANDLE_MAJOR:
             st.leaves[q.parent] = LeafQdisc(parent=q.parent, handle=q.handle, kind=q.kind, limit=q.limit)
     if not st.owned:

@@ -17,7 +17,7 @@ from ...errors import ConfigProblem
 from ...inventory import Capabilities, Inventory, Link
 from ...tenancy import Tenancy, tenancy
 from ..ids import assign_minors, bpf_program_name
-from . import mapcls
+from . import mapcls, offload_plan
 from .scopes import scope_minors, scoped_tenant
 from .objects import (
     DEFAULT_CLASS_MINOR,
@@ -162,8 +162,10 @@ def leaf_for(s: HtbSettings, cls: HtbClass, caps: Capabilities) -> LeafQdisc:
 
 
 def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings(), ten: Tenancy | None = None,
-         take_over: bool = False) -> HtbPlan:
-    """The HTB tree for every selected uplink; devices that cannot be planned are skipped with a problem."""
+         take_over: bool = False, offload_refused: dict[tuple[int, str], str] | None = None) -> HtbPlan:
+    """The HTB tree for every selected uplink; devices that cannot be planned are skipped with a problem.
+
+    ``offload_refused``: (ifindex, device) -> the kernel's refusal of htb offload there (offload_plan.py)."""
     ten = ten if ten is not None else tenancy(cfg, inv)
     problems: list[ConfigProblem] = []
     warnings: list[str] = []
@@ -185,9 +187,10 @@ def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings(), ten
         )
     if inv.pods and not inv.capabilities.bpf:
         warnings.append("cls_bpf unavailable: pod traffic is recognised by pod address only (not after masquerade)")
-    return HtbPlan(devices=tuple(plans), problems=tuple(problems), warnings=tuple(warnings), skipped=tuple(skipped),
-                   take_over=take_over or cfg.node.take_over,
-                   tenant_cidrs={t.name: len(t.match.cidrs) for t in cfg.tenants})
+    out = HtbPlan(devices=tuple(plans), problems=tuple(problems), warnings=tuple(warnings), skipped=tuple(skipped),
+                  take_over=take_over or cfg.node.take_over,
+                  tenant_cidrs={t.name: len(t.match.cidrs) for t in cfg.tenants})
+    return offload_plan.choose(cfg, inv, out, offload_refused or {})  # software or offload shape per uplink
 
 
 def cgroup_entries(

@@ -19,14 +19,14 @@ def device_commands(dp: DevicePlan) -> list[list[str]]:
     dev = dp.device
     cmds: list[list[str]] = [
         ["qdisc", "replace", "dev", dev, "root", "handle", fmt_handle(dp.root.handle),
-         "htb", "default", f"{dp.root.default_minor:x}"],
+         "htb", "default", f"{dp.root.default_minor:x}", *(["offload"] if dp.root.offload else [])],
     ]
     for c in dp.classes:
         cmds.append(
             ["class", "replace", "dev", dev, "parent", fmt_handle(c.parent), "classid", fmt_handle(c.classid),
              "htb", "rate", tc_rate(c.rate_bps), "ceil", tc_rate(c.ceil_bps),
              "burst", f"{c.burst_bytes}b", "cburst", f"{c.cburst_bytes}b",
-             "quantum", str(c.quantum_bytes), "prio", str(c.prio)]
+             *(["quantum", str(c.quantum_bytes)] if c.quantum_bytes else []), "prio", str(c.prio)]
         )
     for q in dp.leaves:
         cmds.append(
@@ -49,6 +49,8 @@ def device_commands(dp: DevicePlan) -> list[list[str]]:
 
 def comments(dp: DevicePlan, marks=()) -> list[str]:
     out = [f"# device {dp.device}: capacity {tc_rate(dp.capacity_bps)}"]
+    if dp.root.offload:  # why not: the plan's warnings (where offload was wanted) and status
+        out.append(f"# htb offload: on ({dp.offload_why})")
     for name, cid in sorted(dp.tenant_classes.items()):
         out.append(f"# tenant {name} -> class {fmt_handle(cid)}")
     for d in dp.dst_scopes:
