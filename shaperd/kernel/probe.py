@@ -75,7 +75,7 @@ def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None, roots: R
     from . import bpf, bpf_classify, qdisc_kinds
 
     roots = roots or Roots(proc=Path(procfs_root))
-    kinds = qdisc_kinds.evidence_all(roots)
+    kinds = _asked_where_unknown(qdisc_kinds.evidence_all(roots))
     bpf_ok, bpf_why = bpf.bpf_supported()
     if bpf_ok and kinds["cls_bpf"].state == qdisc_kinds.ABSENT:  # programs load, but nothing can attach them
         bpf_ok, bpf_why = False, str(kinds["cls_bpf"])
@@ -97,6 +97,24 @@ def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None, roots: R
                         notes=tuple(notes), fq=fq, mq=mq,
                         kinds=tuple((e.module, e.state, e.evidence) for e in kinds.values()),
                         edt_pin_root=(bpffs_root or "") if stamper == "pins" else "")
+
+
+def _asked_where_unknown(kinds: dict) -> dict:
+    """sch_fq's evidence, where the kernel's files say nothing, from the kernel itself: a request on lo that
+    it must refuse either way (kernel/kind_ask.py, CAP_NET_ADMIN, changes nothing). No answer keeps
+    "unknown" (verified at apply)."""
+    from . import kind_ask, qdisc_kinds
+
+    ev = kinds.get("sch_fq")
+    if ev is None or ev.state != qdisc_kinds.UNKNOWN:
+        return kinds
+    got = kind_ask.ask("fq")
+    if got.state == kind_ask.NO_ANSWER:
+        return {**kinds, "sch_fq": qdisc_kinds.KindEvidence("sch_fq", qdisc_kinds.UNKNOWN,
+                                                             f"{ev.evidence}; asking the kernel: {got.detail}")}
+    state = qdisc_kinds.PRESENT if got.state == kind_ask.PRESENT else qdisc_kinds.ABSENT
+    return {**kinds, "sch_fq": qdisc_kinds.KindEvidence("sch_fq", state, f"{got.detail} (the kernel's files: "
+                                                         f"{ev.evidence})")}
 
 
 def _stamper_adopt(bpf_ok: bool, bpffs_root: str | None, notes: list[str]) -> str:

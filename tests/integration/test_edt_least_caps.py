@@ -5,7 +5,9 @@ No probe namespace is possible without CAP_SYS_ADMIN, so the probe reads the ker
 
 - as the host is (/proc/config.gz: "# CONFIG_NET_SCH_FQ is not set"): sch_fq absent, edt never
   offered, a second apply writes nothing;
-- with that evidence hidden (a private mount namespace binds a non-gzip file over /proc/config.gz):
+- with that evidence hidden (a private mount namespace binds a non-gzip file over /proc/config.gz), the
+  probe asks the kernel itself (kernel/kind_ask.py): its ENOENT means absent, edt is never tried;
+- with the evidence hidden and lo carrying someone's root qdisc (the question gets EEXIST, no answer):
   sch_fq unknown, edt offered; the kernel refuses it at apply (ENOENT "Specified qdisc kind is
   unknown"), on single- and multi-queue devices; the daemon warns once per device, puts
   both on htb in the same reconcile, and its next reconcile writes nothing.
@@ -106,16 +108,40 @@ def test_absent_sch_fq_edt_is_not_offered_htb_everywhere_and_a_second_apply_writ
     assert again.stdout.splitlines()[-1].startswith("0 "), again.stdout
 
 
+def _hidden(tmp_path, *argv: str) -> list[str]:
+    """``argv`` in a private mount namespace where /proc/config.gz says nothing (the files give no evidence)."""
+    fake = tmp_path / "not-a-config.gz"
+    fake.write_text("no kernel config here\n")
+    return ["unshare", "--mount", "--propagation", "private", PY, "-c", HIDE, str(fake), *argv]
+
+
+@needs_config_gz
+def test_where_the_files_say_nothing_the_kernel_is_asked_and_its_no_means_edt_is_never_tried(mqbed, tmp_path, pinfs):
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(CFG)
+    lo = mqbed.exec("tc", "-j", "qdisc", "show", "dev", "lo").stdout
+    r = mqbed.exec(*_hidden(tmp_path, *LEAST, PY, "-m", "shaperd", "--log-json", "apply", "--config", str(cfg),
+                            "--bpffs-root", str(pinfs)), check=False)
+    assert r.returncode == 0, r.stderr
+    lines = _log(r.stderr) + _log(r.stdout)
+    warned = [x["warning"] for x in lines if x.get("event") == "plan warning"]
+    for dev in ("up0", "mq0", "sq0"):
+        assert any(w.startswith(f"node.dataplane edt on {dev}: edt unavailable: sch_fq missing (the kernel answered "
+                                "ENOENT: Specified qdisc kind is unknown") for w in warned), warned
+        _htb_complete(mqbed, dev)
+    assert not any(x.get("event") == "edt refused; the device goes to htb" for x in lines)  # never even tried
+    assert mqbed.exec("tc", "-j", "qdisc", "show", "dev", "lo").stdout == lo  # the question changed nothing
+
+
 def test_unknown_sch_fq_is_verified_at_apply_and_the_daemon_falls_back_once(mqbed, tmp_path, pinfs):
     cfg = tmp_path / "t.yaml"
     cfg.write_text(CFG)
-    fake = tmp_path / "not-a-config.gz"
-    fake.write_text("no kernel config here\n")
+    # lo carries someone's root qdisc: the probe's question (never a replace) gets EEXIST, no answer.
+    mqbed.exec("tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "1")
     log = tmp_path / "run.log"
     run = tmp_path / "run"  # where the refusals are kept for `shaperd status` (never the host's /run here)
-    argv = ["unshare", "--mount", "--propagation", "private", PY, "-c", HIDE, str(fake),
-            *LEAST, PY, "-m", "shaperd", "--log-json", "run", "--config", str(cfg), "--bpffs-root", str(pinfs),
-            "--metrics-address", "", "--resync-interval", "1", "--run-root", str(run)]
+    argv = _hidden(tmp_path, *LEAST, PY, "-m", "shaperd", "--log-json", "run", "--config", str(cfg), "--bpffs-root",
+                   str(pinfs), "--metrics-address", "", "--resync-interval", "1", "--run-root", str(run))
     with open(log, "w") as logf:
         p = mqbed.spawn(argv, mqbed.node, stdout=logf, stderr=subprocess.STDOUT, deadline_s=120)
         try:
@@ -132,6 +158,7 @@ def test_unknown_sch_fq_is_verified_at_apply_and_the_daemon_falls_back_once(mqbe
     lines = _log(log.read_text())
     caps = next(r["capabilities"] for r in lines if "capabilities" in r)
     assert any("sch_fq unknown" in c and "verified when first applied" in c for c in caps), caps
+    assert any("asking the kernel: the kernel answered EEXIST" in c for c in caps), caps
     refused = [r for r in lines if r.get("event") == "edt refused; the device goes to htb"]
     assert sorted(r["device"] for r in refused) == ["mq0", "sq0", "up0"], refused  # one warning per device
     assert all("Specified qdisc kind is unknown" in r["reason"] for r in refused), refused

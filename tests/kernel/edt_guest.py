@@ -394,6 +394,24 @@ def attempt(out: dict, key: str, fn):
     return out.get(key)
 
 
+KIND_ASK = """
+import json, subprocess, sys
+from shaperd.kernel import kind_ask
+lo = lambda: subprocess.run(["tc", "-j", "qdisc", "show", "dev", "lo"], capture_output=True, text=True, timeout=30).stdout
+before = lo()
+got = {k: [a.state, a.detail] for k, a in ((k, kind_ask.ask(k)) for k in ("fq", "htb"))}
+print(json.dumps({"answers": got, "lo_before": before, "lo_after": lo()}))
+"""
+
+
+def kind_ask_step() -> dict:
+    """The probe's question to the kernel (kernel/kind_ask.py) on Debian's 6.1, which has sch_fq: in a fresh
+    network namespace (unshare --net), under NET_ADMIN only; lo's qdiscs before and after."""
+    r = sh(["unshare", "--net", "setpriv", "--bounding-set=-all,+net_admin", "--inh-caps=-all", sys.executable, "-c",
+            KIND_ASK], timeout=60)
+    return json.loads(r.stdout.splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir", type=Path)
@@ -410,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         args.outdir.mkdir(parents=True, exist_ok=True)
         attempt(out, "least_caps", lambda: least_caps(args.outdir))
     sh(["modprobe", "sch_fq"], check=False)
+    if not args.bench:
+        attempt(out, "kind_ask", kind_ask_step)
     attempt(out, "cases", edt_cases.run_cases)
     if not args.bench:
         with Bed() as bed:

@@ -102,3 +102,11 @@ def test_the_daemon_with_net_admin_and_bpf_only_runs_edt_from_evidence_and_a_res
     assert second["changes"] == 0 and second["kernel_changes"] == [] and not second["failed"], second
     assert lc["prog_id_second"] == lc["prog_id_first"] != 0, lc
     assert lc["second_rc"] == 0, lc
+
+
+def test_the_probes_question_to_debians_kernel_finds_sch_fq_and_changes_nothing_on_lo(edt):
+    ka = edt["kind_ask"]
+    assert ka["answers"]["fq"][0] == "present" and "EINVAL" in ka["answers"]["fq"][1], ka
+    assert ka["answers"]["htb"][0] == "present", ka
+    # tc -j shows lo's default root (noqueue, handle 0) as nothing on 6.1's iproute2: before == after, no 7370:.
+    assert ka["lo_before"] == ka["lo_after"] and "7370" not in ka["lo_after"] and '"fq"' not in ka["lo_after"], ka

@@ -151,3 +151,38 @@ def test_absent_cls_bpf_means_no_edt(monkeypatch, tmp_path):
     caps = _assumed(monkeypatch, tree(tmp_path, builtin=[], dep=["kernel/net/sched/sch_fq.ko:"]))
     assert caps.bpf is False and "cls_bpf/bpf() unavailable" in edt_missing(caps)
     assert any(n.startswith("cls_bpf unavailable (cls_bpf absent: not in modules.builtin") for n in caps.notes)
+
+
+@pytest.mark.parametrize("state, offered", [("absent", False), ("present", True)])
+def test_where_the_files_say_nothing_the_kernels_own_answer_decides(monkeypatch, tmp_path, state, offered):
+    from shaperd.kernel import kind_ask
+
+    asked = []
+
+    def ask(kind, *a, **kw):
+        asked.append(kind)
+        return kind_ask.KindAnswer(kind, state, f"the kernel said {state}")
+
+    monkeypatch.setattr(kind_ask, "ask", ask)
+    caps = _assumed(monkeypatch, tree(tmp_path))  # no evidence in the files: unknown, so the kernel is asked
+    assert asked == ["fq"]
+    assert caps.fq is offered and (edt_missing(caps) == []) is offered
+    assert dict((m, s) for m, s, _ in caps.kinds)["sch_fq"] == state
+    ev = dict((m, e) for m, _, e in caps.kinds)["sch_fq"]
+    assert ev.startswith(f"the kernel said {state} (the kernel's files: ") and "verified" not in " ".join(caps.notes)
+
+
+def test_the_kernel_is_not_asked_where_the_files_tell(monkeypatch, tmp_path):
+    from shaperd.kernel import kind_ask
+
+    monkeypatch.setattr(kind_ask, "ask", lambda kind, *a, **kw: pytest.fail("asked although the files tell"))
+    caps = _assumed(monkeypatch, tree(tmp_path, builtin=[], dep=["kernel/net/sched/sch_fq.ko:",
+                                                                 "kernel/net/sched/cls_bpf.ko:"]))
+    assert caps.fq
+
+
+def test_no_answer_keeps_unknown_and_says_what_the_kernel_answered(monkeypatch, tmp_path):
+    caps = _assumed(monkeypatch, tree(tmp_path))  # the unit-test default: the kernel gives no answer
+    ev = dict((m, e) for m, _, e in caps.kinds)["sch_fq"]
+    assert "asking the kernel: not asked in unit tests" in ev
+    assert caps.fq and any("sch_fq unknown" in n and "verified when first applied" in n for n in caps.notes)
