@@ -303,38 +303,58 @@ def open_socket(netns: str | None = None, run_root: str = "/run") -> socket.sock
     return open_netlink(NETLINK_GENERIC, "generic netlink socket", netns, run_root, ext_ack=True)
 
 
-class DevlinkNl(NetlinkExchange):
-    """Rate reads and writes over one generic netlink socket (``sock`` and ``clock`` injectable for tests)."""
+class GenlExchange(NetlinkExchange):
+    """One generic netlink socket and its family id, resolved by name once (``FAMILY``), for devlink and
+    ethtool (kernel/ethtool_features.py). ``sock`` and ``clock`` are injectable for tests; subclasses say
+    what a missing family (``absent``) and a refused lookup (``failed``) are."""
 
-    def __init__(self, netns: str | None = None, *, sock=None, timeout_s: float = DEFAULT_TIMEOUT_S,
+    FAMILY = ""
+    DEFAULT_TIMEOUT_S = 5.0
+
+    def __init__(self, netns: str | None = None, *, sock=None, timeout_s: float | None = None,
                  run_root: str = "/run", clock: Callable[[], float] = time.monotonic, seq: int = 0,
                  family: int | None = None):
-        super().__init__(sock if sock is not None else open_socket(netns, run_root), netns or "node", timeout_s,
-                         clock, seq)
+        super().__init__(sock if sock is not None else open_socket(netns, run_root), netns or "node",
+                         self.DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s, clock, seq)
         self._family = family
 
+    def absent(self, what: str, code: int) -> KernelError:
+        return KernelError("resolve", what, self.where, f"the kernel has no {self.FAMILY} family", code)
+
+    def failed(self, what: str, code: int, text: str) -> KernelError:
+        return error("resolve", what, self.where, code, text)
+
     def family(self) -> int:
-        """The devlink family id (resolved once); DevlinkAbsent where the kernel has no such family."""
+        """The family id (CTRL_CMD_GETFAMILY by name, once); ``absent`` where the kernel has no such family."""
         if self._family is not None:
             return self._family
         fid = None
-        for buf, m in self._replies(getfamily_request, "generic netlink family devlink"):
+        what = f"generic netlink family {self.FAMILY}"
+        for buf, m in self._replies(lambda s: getfamily_request(s, self.FAMILY), what):
             if m.type == nlmsg.NLMSG_ERROR:
                 code = nlmsg.error_code(buf, m)
                 if code == errno_mod.ENOENT:
-                    raise DevlinkAbsent("resolve", "generic netlink family devlink", self.where,
-                                        "the kernel has no devlink family (no devlink device, no rate group "
-                                        "can exist here)", code)
+                    raise self.absent(what, code)
                 if code:
-                    raise error("resolve", "generic netlink family devlink", self.where, code, ack_message(buf, m))
+                    raise self.failed(what, code, ack_message(buf, m))
                 break
             if m.type == GENL_ID_CTRL and fid is None:
                 fid = decode_family_id(buf, m)
         if fid is None:
-            raise KernelError("resolve", "generic netlink family devlink", self.where, "acked without an answer",
-                              errno_mod.EBADMSG)
+            raise KernelError("resolve", what, self.where, "acked without an answer", errno_mod.EBADMSG)
         self._family = fid
         return fid
+
+
+class DevlinkNl(GenlExchange):
+    """Rate reads and writes over one generic netlink socket."""
+
+    FAMILY = FAMILY
+    DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT_S
+
+    def absent(self, what: str, code: int) -> KernelError:
+        return DevlinkAbsent("resolve", what, self.where, "the kernel has no devlink family (no devlink device, no "
+                             "rate group can exist here)", code)
 
     def _dump(self, build: Callable[[int, int], bytes], decode: Callable[[bytes, Message], T], what: str) -> list[T]:
         fam = self.family()

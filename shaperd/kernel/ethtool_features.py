@@ -19,15 +19,11 @@ is not built here at all.
 from __future__ import annotations
 
 import errno as errno_mod
-import time
-from collections.abc import Callable
 from typing import NamedTuple
 
 from ..errors import KernelError
 from . import nlmsg
-from .devlink import GENL, GENL_ID_CTRL, ack_message, decode_family_id, genl_message, getfamily_request
-from .devlink import open_socket as open_genl_socket
-from .nlexchange import NetlinkExchange
+from .devlink import GENL, GenlExchange, ack_message, genl_message
 
 FAMILY = "ethtool"
 ETHTOOL_GENL_VERSION = 1
@@ -88,35 +84,17 @@ def decode_features(buf: bytes, msg: nlmsg.Message) -> Features:
     return Features(_bitset_names(buf, a.get(ETHTOOL_A_FEATURES_ACTIVE)), _bitset_names(buf, a.get(ETHTOOL_A_FEATURES_HW)))
 
 
-class EthtoolNl(NetlinkExchange):
+class EthtoolNl(GenlExchange):
     """Feature reads over one generic netlink socket (``sock`` and ``clock`` injectable for tests)."""
 
-    def __init__(self, netns: str | None = None, *, sock=None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 run_root: str = "/run", clock: Callable[[], float] = time.monotonic, seq: int = 0,
-                 family: int | None = None):
-        super().__init__(sock if sock is not None else open_genl_socket(netns, run_root), netns or "node", timeout_s,
-                         clock, seq)
-        self._family = family
+    FAMILY = FAMILY
+    DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT_S
 
-    def family(self) -> int:
-        if self._family is not None:
-            return self._family
-        fid = None
-        what = "generic netlink family ethtool"
-        for buf, m in self._replies(lambda s: getfamily_request(s, FAMILY), what):
-            if m.type == nlmsg.NLMSG_ERROR:
-                code = nlmsg.error_code(buf, m)
-                if code == errno_mod.ENOENT:
-                    raise EthtoolAbsent("resolve", what, self.where, "the kernel has no ethtool netlink family", code)
-                if code:
-                    raise KernelError("resolve", what, self.where, _cause(code, ack_message(buf, m)), code)
-                break
-            if m.type == GENL_ID_CTRL and fid is None:
-                fid = decode_family_id(buf, m)
-        if fid is None:
-            raise KernelError("resolve", what, self.where, "acked without an answer", errno_mod.EBADMSG)
-        self._family = fid
-        return fid
+    def absent(self, what: str, code: int) -> KernelError:
+        return EthtoolAbsent("resolve", what, self.where, "the kernel has no ethtool netlink family", code)
+
+    def failed(self, what: str, code: int, text: str) -> KernelError:
+        return KernelError("resolve", what, self.where, _cause(code, text), code)
 
     def features(self, ifindex: int, device: str) -> Features:
         """The device's active and changeable features (KernelError with the kernel's reason if it refuses)."""

@@ -89,20 +89,25 @@ def _log(out: str) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def _never_tried(bed, argv: list[str], evidence: str) -> None:
+    """One ``shaperd apply``: every uplink on a complete HTB tree, warned with ``evidence``; edt never tried."""
+    r = bed.exec(*argv, check=False)
+    assert r.returncode == 0, r.stderr
+    lines = _log(r.stderr) + _log(r.stdout)
+    warned = [x["warning"] for x in lines if x.get("event") == "plan warning"]
+    for dev in ("up0", "mq0", "sq0"):
+        assert any(w.startswith(f"node.dataplane edt on {dev}: edt unavailable: sch_fq missing ({evidence}")
+                   for w in warned), warned
+        _htb_complete(bed, dev)
+    assert not any(x.get("event") == "edt refused; the device goes to htb" for x in lines)
+
+
 @needs_config_gz
 def test_absent_sch_fq_edt_is_not_offered_htb_everywhere_and_a_second_apply_writes_nothing(mqbed, tmp_path, pinfs):
     cfg = tmp_path / "t.yaml"
     cfg.write_text(CFG)
     argv = [*LEAST, PY, "-m", "shaperd", "--log-json", "apply", "--config", str(cfg), "--bpffs-root", str(pinfs)]
-    first = mqbed.exec(*argv, check=False)
-    assert first.returncode == 0, first.stderr
-    lines = _log(first.stderr) + _log(first.stdout)
-    warned = [r["warning"] for r in lines if r.get("event") == "plan warning"]
-    for dev in ("up0", "mq0", "sq0"):
-        assert any(w.startswith(f"node.dataplane edt on {dev}: edt unavailable: sch_fq missing (CONFIG_NET_SCH_FQ "
-                                "is not set in /proc/config.gz") for w in warned), warned
-        _htb_complete(mqbed, dev)
-    assert not any(r.get("event") == "edt refused; the device goes to htb" for r in lines)  # never even tried
+    _never_tried(mqbed, argv, "CONFIG_NET_SCH_FQ is not set in /proc/config.gz")
     again = mqbed.exec(*argv, check=False)
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines()[-1].startswith("0 "), again.stdout
@@ -120,16 +125,8 @@ def test_where_the_files_say_nothing_the_kernel_is_asked_and_its_no_means_edt_is
     cfg = tmp_path / "t.yaml"
     cfg.write_text(CFG)
     lo = mqbed.exec("tc", "-j", "qdisc", "show", "dev", "lo").stdout
-    r = mqbed.exec(*_hidden(tmp_path, *LEAST, PY, "-m", "shaperd", "--log-json", "apply", "--config", str(cfg),
-                            "--bpffs-root", str(pinfs)), check=False)
-    assert r.returncode == 0, r.stderr
-    lines = _log(r.stderr) + _log(r.stdout)
-    warned = [x["warning"] for x in lines if x.get("event") == "plan warning"]
-    for dev in ("up0", "mq0", "sq0"):
-        assert any(w.startswith(f"node.dataplane edt on {dev}: edt unavailable: sch_fq missing (the kernel answered "
-                                "ENOENT: Specified qdisc kind is unknown") for w in warned), warned
-        _htb_complete(mqbed, dev)
-    assert not any(x.get("event") == "edt refused; the device goes to htb" for x in lines)  # never even tried
+    _never_tried(mqbed, _hidden(tmp_path, *LEAST, PY, "-m", "shaperd", "--log-json", "apply", "--config", str(cfg),
+                                "--bpffs-root", str(pinfs)), "the kernel answered ENOENT: Specified qdisc kind is unknown")
     assert mqbed.exec("tc", "-j", "qdisc", "show", "dev", "lo").stdout == lo  # the question changed nothing
 
 
