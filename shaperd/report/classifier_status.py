@@ -35,15 +35,21 @@ def collect(reader, device_probe=None) -> dict[str, dict]:
     return out
 
 
-def with_offload_reasons(paths: dict[str, dict], links, device_probe) -> dict[str, dict]:
-    """Add "htb_offload_why" where offload is off: the device probe's (discovery/htb_offload.py) reason."""
+def with_offload_reasons(paths: dict[str, dict], links, device_probe, refused: dict | None = None) -> dict[str, dict]:
+    """Add "htb_offload_why" where offload is off: the kernel's refusal where the applying process recorded
+    one (``refused``: device -> {"reason"}, report/edt_refused.py's "htb" part), else the device probe's
+    (discovery/htb_offload.py) reason."""
+    refused = refused or {}
     by_name = {l.name: l for l in links}
     off = [by_name[dev] for dev, r in paths.items() if r.get("htb_offload") == "off" and dev in by_name]
     found = device_probe.probe(off) if off else {}
     for dev, probe in found.items():
+        if dev in refused:
+            paths[dev]["htb_offload_why"] = f"the kernel refused htb offload: {refused[dev].get('reason', '')}"
+            continue
         paths[dev]["htb_offload_why"] = (probe.why if not probe.capable else
-                                         "the device can offload; the plan or a kernel refusal keeps it in software "
-                                         "(the daemon's warnings say which)")
+                                         "the device can offload; the plan keeps it in software "
+                                         "(the daemon's warnings say why)")
     return paths
 
 

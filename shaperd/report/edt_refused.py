@@ -1,4 +1,4 @@
-"""Where the kernel refused the edt data plane at apply, written for ``shaperd status`` to read.
+"""Where the kernel refused what a backend planned (the edt data plane; htb offload), written for ``shaperd status`` to read.
 
 The refusals themselves live in the applying process's memory (backends/edt/refusals.py):
 forgotten on restart, re-verified. So that ``shaperd status`` (another process) can say

@@ -149,7 +149,9 @@ def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
         rs = rows(prev, cur, t1 - t0, labels)
         ports = rdma.view()
         nic = nic_status.collect(nic_cfg, nic_roots, ipr, netns=getattr(args, "netns", None))
-        paths = classifier_status.with_offload_reasons(classifier_status.collect(ipr), ipr.links(), offload_probe)
+        paths = classifier_status.with_offload_reasons(
+            classifier_status.collect(ipr), ipr.links(), offload_probe,
+            edt_refused.read(edt_refused.path_for(getattr(args, "run_root", "/run"), getattr(args, "netns", None))).get("htb"))
         if output.machine(args):  # -o json: one compact line per window (JSON lines under --watch)
             extra = {"classifier": paths} if paths else {}  # only where a device carries shaperd's HTB
             doc = {"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs], **edt.doc(),

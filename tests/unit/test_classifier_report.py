@@ -74,6 +74,23 @@ def test_status_says_htb_offload_on_from_the_dump_and_why_off_from_the_device_pr
     assert "eth1: htb offload: off (driver virtio_net is not known to offload HTB)" in text
 
 
+def test_status_gives_the_kernels_refusal_recorded_by_the_applying_process_before_the_device_probe():
+    from shaperd.inventory import HtbOffloadSupport
+
+    class Capable:
+        def probe(self, links):
+            return {l.name: HtbOffloadSupport(True, "mlx5_core with hw-tc-offload on") for l in links}
+
+    paths = classifier_status.collect(OffloadReader([]))
+    links = [SimpleNamespace(name="eth0"), SimpleNamespace(name="eth1")]
+    refused = {"eth1": {"ifindex": 3, "reason": "Operation not supported (prio and quantum ...)"}}
+    out = classifier_status.with_offload_reasons(paths, links, Capable(), refused)
+    assert out["eth1"]["htb_offload_why"] == "the kernel refused htb offload: Operation not supported (prio and quantum ...)"
+    assert "htb_offload_why" not in out["eth0"]  # offloaded: nothing to explain
+    plain = classifier_status.with_offload_reasons(classifier_status.collect(OffloadReader([])), links, Capable())
+    assert plain["eth1"]["htb_offload_why"].startswith("the device can offload; the plan keeps it in software")
+
+
 def test_htb_offload_metric_is_one_where_offloaded_and_zero_where_not():
     from shaperd.backends.htb.backend import HtbBackend
 

@@ -40,8 +40,9 @@ class HtbObserved:
 class OffloadRefused(KernelError):
     """The kernel or driver refused an offloaded HTB root or class on a device.
 
-    Worth a prompt retry (unlike the EINVAL or EOPNOTSUPP it carries): the next plan for that device is
-    software HTB, so the daemon's short backoff, not the resync, restores enforcement there."""
+    The reconciler plans and applies again at once (``refused``, engine/fallback.py), and that plan is
+    software HTB for the device. Still transient for the daemon (unlike the EINVAL or EOPNOTSUPP it
+    carries): should a report keep it, the short backoff, not the resync, runs the next reconcile."""
 
     @property
     def transient(self) -> bool:
@@ -79,9 +80,17 @@ class HtbBackend:
             return Support(False, ("sch_htb missing: no tenant can be shaped on this kernel",))
         return Support(True)
 
+    def refused(self, inv: Inventory | None) -> dict[str, tuple[int, str]]:
+        """Devices whose kernel refused htb offload (device -> (ifindex, reason)), the protocol's optional
+        refusal report (engine/fallback.py): a new one makes the reconciler plan and apply again at once,
+        so the device gets its software tree in the same reconcile. With ``inv``, gone devices are forgotten."""
+        if inv is not None:
+            present = {(l.ifindex, l.name) for l in inv.links}
+            self.offload_refused = {k: v for k, v in self.offload_refused.items() if k in present}
+        return {dev: (idx, why) for (idx, dev), why in sorted(self.offload_refused.items())}
+
     def plan(self, ctx: PlanInput) -> HtbPlan:
-        present = {(l.ifindex, l.name) for l in ctx.inventory.links}
-        self.offload_refused = {k: v for k, v in self.offload_refused.items() if k in present}
+        self.refused(ctx.inventory)
         p = plan(ctx.config, ctx.inventory, self.settings, ctx.tenancy, self.take_over, dict(self.offload_refused))
         self._offloaded = {(dp.ifindex, dp.device) for dp in p.devices if dp.root.offload}
         return p
