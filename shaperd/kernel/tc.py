@@ -34,7 +34,7 @@ from pyroute2.netlink.rtnl.tcmsg import sched_pfifo, tcmsg
 
 from ..backends.base import ApplyResult, Operation
 from ..backends.edt import ops as edt
-from ..backends.edt.objects import PRIO_STAMPER, STAMPER_HANDLE
+from ..backends.edt.objects import STAMPER_HANDLE
 from ..backends.htb import ops as htb
 from ..backends.htb.objects import ETH_P_ALL, ROOT_HANDLE, HtbClass, LeafQdisc, U32Filter
 from ..backends.marks import ops as marks

@@ -16,7 +16,6 @@ from shaperd.backends.edt.refusals import Refusals, refusal_of
 from shaperd.backends.edt.select import select
 from shaperd.backends.marks.ops import AddClsact
 from shaperd.engine.reconciler import Reconciler
-from shaperd.errors import KernelError
 from shaperd.inventory import Capabilities, Inventory, Link
 from shaperd.kernel.rtnl_rows import LinkRow
 from shaperd.roots import Roots
