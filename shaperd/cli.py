@@ -117,7 +117,8 @@ def _roots(args):
     from .roots import Roots
 
     return Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root,
-                    bpffs=getattr(args, "bpffs_root", "") or "/sys/fs/bpf")
+                    bpffs=getattr(args, "bpffs_root", "") or "/sys/fs/bpf",
+                    modules=getattr(args, "modules_root", "/lib/modules"), boot=getattr(args, "boot_root", "/boot"))
 
 
 def _reconciler(args, probe: bool = True, pods_source=None, pod_resources=None, teardown: bool = False):
@@ -353,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--run-root", default="/run", help="the runtime directory holding netns/ (default /run)")
         p.add_argument("--kubelet-root", default="/var/lib/kubelet",
                        help="the kubelet's directory (default /var/lib/kubelet)")
+        p.add_argument("--modules-root", default="/lib/modules",
+                       help="the kernel's module trees, evidence of which qdisc kinds it has without CAP_SYS_ADMIN "
+                            "(default /lib/modules)")
+        p.add_argument("--boot-root", default="/boot", help="where config-$(uname -r) lives (default /boot)")
         p.add_argument("--bpffs-root", default=os.environ.get("SHAPERD_BPFFS_ROOT", "/sys/fs/bpf"),
                        help="bpffs where the eBPF classifier is pinned, under shaperd/ (default $SHAPERD_BPFFS_ROOT "
                             "or /sys/fs/bpf; '' for none: adoption by id, which needs CAP_SYS_ADMIN)")

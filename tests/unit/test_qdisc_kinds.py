@@ -186,3 +186,16 @@ def test_no_answer_keeps_unknown_and_says_what_the_kernel_answered(monkeypatch, 
     ev = dict((m, e) for m, _, e in caps.kinds)["sch_fq"]
     assert "asking the kernel: not asked in unit tests" in ev
     assert caps.fq and any("sch_fq unknown" in n and "verified when first applied" in n for n in caps.notes)
+
+
+def test_the_cli_flags_point_the_evidence_at_other_trees(tmp_path):
+    from shaperd import cli
+
+    r = tree(tmp_path, builtin=[], dep=["kernel/net/sched/sch_fq.ko:"])
+    args = cli.build_parser().parse_args(["plan", "--procfs-root", str(r.proc), "--sysfs-root", str(r.sys),
+                                          "--modules-root", str(r.modules), "--boot-root", str(r.boot)])
+    roots = cli._roots(args)
+    assert (roots.modules, roots.boot) == (r.modules, r.boot)
+    assert evidence_all(roots)["sch_fq"].state == PRESENT  # read from the fixture's modules.dep, not the host's
+    defaults = cli._roots(cli.build_parser().parse_args(["plan"]))
+    assert (str(defaults.modules), str(defaults.boot)) == ("/lib/modules", "/boot")
