@@ -35,6 +35,7 @@ from pathlib import Path
 
 from . import bpf_maps
 from .bpf_maps import BpfMapError
+from ..pids import pid_alive
 
 _OBJ_PIN, _OBJ_GET = 6, 7  # enum bpf_cmd
 _TMP = "pinning:"
@@ -213,22 +214,12 @@ def probe_store(root: str | Path) -> PinStore:
         names = []
     for n in names:
         pid = n[len(PROBE_SCOPE_PREFIX):]
-        if n.startswith(PROBE_SCOPE_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+        if n.startswith(PROBE_SCOPE_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
             try:
                 PinStore(root, n).remove_scope()
             except PinError:
                 pass
     return PinStore(root, f"{PROBE_SCOPE_PREFIX}{os.getpid()}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def scope_for(netns: str | None) -> str:

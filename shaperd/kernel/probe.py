@@ -24,6 +24,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from ..pids import pid_alive
 from ..inventory import Capabilities
 from ..roots import Roots
 from . import tc as _tc  # noqa: F401 - registers the bfifo codec with pyroute2
@@ -237,7 +238,7 @@ def sweep_stale(netns_dir: Path) -> list[str]:
         return removed
     for name in names:
         pid = name[len(LEGACY_PREFIX):]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         path = netns_dir / name
         _libc.umount2(str(path).encode(), MNT_DETACH)  # fails (EINVAL) where it is no longer a mount: fine
@@ -247,16 +248,6 @@ def sweep_stale(netns_dir: Path) -> list[str]:
         except OSError:
             pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def htb_offload(ipr: IPRoute, ifindex: int, device: str) -> tuple[bool, str]:
