@@ -77,6 +77,22 @@ class TargetDiff:
     error: str | None = None
 
 
+def planned_diffs(devices, observed, diff_one) -> list[TargetDiff]:
+    """One TargetDiff per planned device (``.device``, ``.ifindex``) of a tc backend: the observation's
+    read error, "gone", or ``diff_one(plan, state)``. ``observed`` has ``errors`` and ``devices`` by ifindex."""
+    out = []
+    for dp in devices:
+        if dp.ifindex in observed.errors:
+            out.append(TargetDiff(dp.device, error=observed.errors[dp.ifindex]))
+            continue
+        st = observed.devices.get(dp.ifindex)
+        if st is None:
+            out.append(TargetDiff(dp.device, error=f"read device {dp.device}: it is gone"))
+            continue
+        out.append(diff_one(dp, st))
+    return out
+
+
 @dataclass
 class ApplyResult:
     applied: list[Operation] = field(default_factory=list)

@@ -20,7 +20,7 @@ from ...errors import KernelError
 from ...inventory import Capabilities, Inventory
 from ...kernel import bpf_classify, bpf_pins, edt_prog, tc
 from ...kernel.rtnl_rows import TC_H_ROOT
-from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
+from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff, planned_diffs
 from ..htb.mapcls import stale_pins
 from ..marks.objects import TC_H_CLSACT
 from .diff import diff_device, diff_teardown, stale_stamper_pins
@@ -120,16 +120,7 @@ class EdtBackend:
         return out
 
     def diff(self, desired: EdtPlan, observed: EdtObserved) -> list[TargetDiff]:
-        out = []
-        for dp in desired.devices:
-            if dp.ifindex in observed.errors:
-                out.append(TargetDiff(dp.device, error=observed.errors[dp.ifindex]))
-                continue
-            st = observed.devices.get(dp.ifindex)
-            if st is None:
-                out.append(TargetDiff(dp.device, error=f"read device {dp.device}: it is gone"))
-                continue
-            out.append(diff_device(dp, st, desired.take_over))
+        out = planned_diffs(desired.devices, observed, lambda dp, st: diff_device(dp, st, desired.take_over))
         keep = {dp.device for dp in desired.devices} | set(desired.skipped)
         for st in sorted(observed.devices.values(), key=lambda s: s.ifindex):
             if st.device in keep or not (st.owned or st.stamper_name):

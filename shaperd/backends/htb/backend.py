@@ -16,7 +16,7 @@ from ... import log
 from ...errors import KernelError
 from ...inventory import Capabilities, Inventory
 from ...kernel import bpf_classify, bpf_pins, tc
-from ..base import ApplyResult, BackendStats, ClassTarget, PlanInput, Support, TargetDiff
+from ..base import ApplyResult, BackendStats, ClassTarget, PlanInput, Support, TargetDiff, planned_diffs
 from . import observe as obs
 from .diff import diff_device, diff_teardown
 from .mapcls import stale_pins
@@ -136,16 +136,7 @@ class HtbBackend:
         return out
 
     def diff(self, desired: HtbPlan, observed: HtbObserved) -> list[TargetDiff]:
-        out = []
-        for dp in desired.devices:
-            if dp.ifindex in observed.errors:
-                out.append(TargetDiff(dp.device, error=observed.errors[dp.ifindex]))
-                continue
-            st = observed.devices.get(dp.ifindex)
-            if st is None:
-                out.append(TargetDiff(dp.device, error=f"read device {dp.device}: it is gone"))
-                continue
-            out.append(diff_device(dp, st, desired.take_over))
+        out = planned_diffs(desired.devices, observed, lambda dp, st: diff_device(dp, st, desired.take_over))
         # Garbage: our tree on devices no longer selected (not on those merely failing to plan).
         keep = {dp.device for dp in desired.devices} | set(desired.skipped)
         for st in sorted(observed.devices.values(), key=lambda s: s.ifindex):
