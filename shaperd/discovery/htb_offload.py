@@ -65,7 +65,11 @@ class DeviceProbe:
     def __init__(self, netns: str | None = None, roots: Roots = DEFAULT, opener=None):
         self.netns = netns
         self.roots = roots
-        self.opener = opener or (lambda: ethtool_features.EthtoolNl(self.netns, run_root=str(self.roots.run)))
+        # The ethtool family id, resolved by the first probe and handed to the next sockets: it is fixed
+        # for the kernel's lifetime, so a reconcile's probe is one round trip per uplink, not one more.
+        self._family: int | None = None
+        self.opener = opener or (lambda: ethtool_features.EthtoolNl(self.netns, run_root=str(self.roots.run),
+                                                                     family=self._family))
 
     def probe(self, links: list[Link]) -> dict[str, HtbOffloadSupport]:
         out: dict[str, HtbOffloadSupport] = {}
@@ -80,6 +84,7 @@ class DeviceProbe:
                 feats, err = None, ""
                 try:
                     feats = nl.features(link.ifindex, link.name)
+                    self._family = nl.family()  # resolved by features(): no round trip
                 except KernelError as e:
                     err = str(e)
                 out[link.name] = support(link.name, driver_of(link, self.roots), feats, err)

@@ -121,6 +121,9 @@ class FakeNl:
     def __exit__(self, *exc):
         pass
 
+    def family(self):  # EthtoolNl's, resolved before features() answers; the probe keeps it for its next socket
+        return 0x1F
+
     def features(self, ifindex, device):
         self.asked.append(device)
         f = self.feats[device]
@@ -151,3 +154,18 @@ def test_the_device_probe_on_a_fixture_sysfs(tmp_path):
     assert not got["eth2"].capable and got["eth2"].why.startswith("driver ice is not known to offload HTB")
     assert not got["v0"].capable and got["v0"].driver == "veth" and "ethtool features unreadable" in got["v0"].why
     assert got["lo"] is None and nl.asked == ["eth0", "eth1", "eth2", "v0"]  # only the uplinks asked
+
+
+def test_the_default_opener_hands_the_resolved_family_to_the_next_socket(monkeypatch):
+    opened = []
+
+    class Nl(FakeNl):
+        def __init__(self, netns, run_root, family):
+            super().__init__({"eth0": Features(frozenset(), frozenset())})
+            opened.append(family)
+
+    monkeypatch.setattr(probe_mod.ethtool_features, "EthtoolNl", Nl)
+    p = probe_mod.DeviceProbe()
+    p.probe([Link("eth0", 2)])
+    p.probe([Link("eth0", 2)])
+    assert opened == [None, 0x1F]  # the first socket resolves the family by name, the next one need not
