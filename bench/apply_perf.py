@@ -217,7 +217,7 @@ def maxrss_kib() -> int:
 # ------------------------------------------------------------------ one-time costs
 
 
-_IMPORTS = ("shaperd.config", "shaperd.engine.reconciler", "shaperd.kernel.tc", "shaperd.kernel.probe",
+_IMPORTS = ("shaperd.core.config", "shaperd.engine.reconciler", "shaperd.kernel.tc", "shaperd.kernel.probe",
             "shaperd.backends.htb.backend", "shaperd.backends.marks.backend")
 
 
@@ -251,9 +251,9 @@ def stage_times(rec, cfg, fresh: bool) -> dict[str, float]:
 
     fresh=True: one pass on a fresh device (the last step writes); False: medians of 7 on an in-sync device.
     """
-    from shaperd.backends.base import PlanInput
+    from shaperd.core.protocol import PlanInput
     from shaperd.kernel.rtnl import CachedReads
-    from shaperd.tenancy import tenancy
+    from shaperd.core.tenancy import tenancy
 
     out: dict[str, float] = {}
     timed = (lambda f: _median_s(f, 1)) if fresh else _median_s
@@ -295,7 +295,7 @@ def one_run(bench: Bench, i: int, cfg, cfg_file: str, batch_file: str, empty_fil
     from shaperd.kernel import tc
     from shaperd.kernel.probe import probe_capabilities
     from shaperd.kernel.rtnl import RtnlReader
-    from shaperd.roots import Roots
+    from shaperd.core.roots import Roots
 
     roots = Roots.of(sys=sysfs)
 
@@ -377,7 +377,7 @@ def one_run(bench: Bench, i: int, cfg, cfg_file: str, batch_file: str, empty_fil
         if cli:
             fresh_veth(ns)
             shaperd_bin = os.path.join(os.path.dirname(sys.executable), "shaperd")
-            argv = ([shaperd_bin] if os.path.exists(shaperd_bin) else [sys.executable, "-m", "shaperd.cli"])
+            argv = ([shaperd_bin] if os.path.exists(shaperd_bin) else [sys.executable, "-m", "shaperd.cli.main"])
             argv += ["--log-json", "apply", "--netns", ns, "--config", cfg_file, "--sysfs-root", sysfs]
             wall, rc, _, err = run_child(argv)
             if rc != 0:
@@ -494,13 +494,13 @@ def main(argv: list[str] | None = None) -> int:
     import pyroute2
     import yaml
 
-    from shaperd import config as config_mod
-    from shaperd import log
+    from shaperd.core import config as config_mod
+    from shaperd.core import log
     from shaperd.backends.htb.render import device_commands
     from shaperd.engine.reconciler import Reconciler, default_backends
     from shaperd.kernel.probe import probe_capabilities
     from shaperd.kernel.rtnl import RtnlReader
-    from shaperd.roots import Roots
+    from shaperd.core.roots import Roots
 
     one_time["import_in_process_s"] = time.perf_counter() - t
 

@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
-    from shaperd import config as config_mod
-    from shaperd import log
+    from shaperd.core import config as config_mod
+    from shaperd.core import log
     from shaperd.backends.htb.diff import diff_device
     from shaperd.backends.htb.render import device_commands
     from shaperd.engine.reconciler import Reconciler, default_backends

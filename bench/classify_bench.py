@@ -151,8 +151,8 @@ def summary(xs: list[float]) -> dict:
 
 
 def cmd_pps(args) -> list[dict]:
-    from shaperd import config as config_mod
-    from shaperd import log
+    from shaperd.core import config as config_mod
+    from shaperd.core import log
 
     log.configure(json=True, level="error")
     # "htb only": an HTB root with one default class and no classifier at all (set up with tc here, a
@@ -221,8 +221,8 @@ def run_child(argv: list[str], timeout_s: float) -> tuple[float, int, int | None
 def cmd_apply(args) -> list[dict]:
     import yaml
 
-    from shaperd import config as config_mod
-    from shaperd import log
+    from shaperd.core import config as config_mod
+    from shaperd.core import log
     from shaperd.backends.htb.render import device_commands
 
     log.configure(json=True, level="error")
@@ -300,10 +300,10 @@ def class_packets(bed: Bed, classid: int) -> int:
 
 
 def cmd_add_one(args) -> list[dict]:
-    from shaperd import config as config_mod
-    from shaperd import log
-    from shaperd.backends.htb.objects import ROOT_HANDLE
-    from shaperd.backends.ids import assign_minors
+    from shaperd.core import config as config_mod
+    from shaperd.core import log
+    from shaperd.backends.common.objects import ROOT_HANDLE
+    from shaperd.core.ids import assign_minors
     from shaperd.kernel import bpf_maps
 
     log.configure(json=True, level="error")
@@ -416,9 +416,10 @@ def cmd_testrun(args) -> list[dict]:
     import socket
     import struct
 
-    from shaperd.backends.htb import mapcls
-    from shaperd.backends.ids import assign_minors
-    from shaperd.kernel import bpf_classify, bpf_maps
+    from shaperd.backends.common import mapcls
+    from shaperd.core.ids import assign_minors
+    from shaperd.backends.common import kernel_classifier as bpf_classify
+    from shaperd.kernel import bpf_maps
 
     def frame(src: str) -> bytes:
         ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28, 0, 0, 64, 17, 0, socket.inet_aton(src),

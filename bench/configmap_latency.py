@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from pyroute2 import IPRoute  # noqa: E402
 
-from shaperd.backends.htb.objects import ROOT_HANDLE  # noqa: E402
-from shaperd.backends.ids import assign_minors  # noqa: E402
+from shaperd.backends.common.objects import ROOT_HANDLE  # noqa: E402
+from shaperd.core.ids import assign_minors  # noqa: E402
 from tests import procs  # noqa: E402
 from tests.integration.conftest import PY, Bed  # noqa: E402
 from tests.integration.test_configmap_api import CMS, configmap, tenants  # noqa: E402

@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from shaperd.roots import Roots  # noqa: E402
+from shaperd.core.roots import Roots  # noqa: E402
 from tests import fuzz_inputs as fz  # noqa: E402
 
 NO_SYSFS = Roots.of(sys="/nonexistent-sysfs")

@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
-    from shaperd import log
-    from shaperd.config import load_text
+    from shaperd.core import log
+    from shaperd.core.config import load_text
     from shaperd.engine.reconciler import Reconciler, default_backends
     from shaperd.kernel import faults, tc
     from shaperd.kernel.probe import probe_capabilities

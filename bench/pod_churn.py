@@ -125,9 +125,9 @@ def daemon_child(argv: list[str]) -> int:
     # Import first: compiling modules under tracemalloc is very slow, and imports are not the churn.
     import importlib
 
-    from shaperd.cli import main
+    from shaperd.cli.main import main
 
-    for mod in ("shaperd.engine.daemon", "shaperd.engine.reconciler", "shaperd.discovery.kubernetes", "shaperd.kernel.events",
+    for mod in ("shaperd.daemon.service", "shaperd.engine.reconciler", "shaperd.discovery.kubernetes", "shaperd.kernel.events",
                 "shaperd.kernel.bpf", "shaperd.kernel.rtnl", "shaperd.kernel.probe", "shaperd.report.metrics",
                 "shaperd.report.http", "shaperd.report.sampler", "shaperd.discovery.kubernetes.transport",
                 "shaperd.discovery.kubernetes.watchstream", "prometheus_client"):
@@ -282,7 +282,7 @@ class Result:
 
 
 def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> None:
-    from shaperd.config import load_text
+    from shaperd.core.config import load_text
 
     cfg = load_text(CFG)
     steady = [PodSpec("s", i, tenant_for(i)) for i in range(args.steady)]
@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
-    from shaperd import log
+    from shaperd.core import log
     from shaperd.kernel.probe import probe_capabilities
 
     log.configure(json=True, level="error")  # veth-first deletes warn by design (pod without interface)

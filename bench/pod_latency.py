@@ -90,7 +90,7 @@ def trial(api, k: Kernel, pod: PodSpec, poll_costs: list[float], timeout: float 
 
 
 def run_variant(background: int, trials: int, caps, workdir: Path, quiet: bool) -> dict:
-    from shaperd.config import load_text
+    from shaperd.core.config import load_text
     from tests.k8s_fake import FakeKubeAPI
 
     nets = netns.Namespaces()
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
-    from shaperd import log
+    from shaperd.core import log
     from shaperd.kernel.probe import probe_capabilities
 
     log.configure(json=True, level="error")  # veth-first deletes warn by design (pod without interface)

@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
-    from shaperd.discovery.htb_offload import DeviceProbe
-    from shaperd.inventory import Link
+    from shaperd.backends.htb.offload_probe import DeviceProbe
+    from shaperd.core.inventory import Link
     from shaperd.kernel import kind_ask, netns as knetns
 
     netns.add_netns(NS)

@@ -84,8 +84,8 @@ def main() -> int:
             cfg.write_text(config(a.tenants, a.devices))
             netns.run([sys.executable, "-m", "shaperd", "--log-level", "error", "apply", "--config", str(cfg)], ns,
                       timeout=120)
-            from shaperd.cli import _reconciler  # the plan, to label classes as the daemon does
-            from shaperd.config import load_file
+            from shaperd.cli.main import _reconciler  # the plan, to label classes as the daemon does
+            from shaperd.core.config import load_file
 
             args = argparse.Namespace(netns=ns, take_over=False, sysfs_root="/sys", procfs_root="/proc",
                                       run_root="/run", kubelet_root="/var/lib/kubelet")

@@ -104,7 +104,7 @@ def class_bytes(node: str, classid: str) -> int | None:
 def soak(args, workdir: Path, doc: dict, write) -> None:
     from tests.k8s_fake import FakeKubeAPI
 
-    from shaperd.backends.ids import assign_minors
+    from shaperd.core.ids import assign_minors
 
     tag = f"shps{os.getpid() % 100000}"
     with netns.Namespaces() as nets:
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
-    from shaperd import log
+    from shaperd.core import log
     from shaperd.kernel.probe import probe_capabilities
 
     log.configure(json=True, level="error")

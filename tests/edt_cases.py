@@ -32,7 +32,8 @@ EXPECTED = {
 
 
 def run_cases() -> dict:
-    from shaperd.kernel import bpf_maps, edt_prog
+    from shaperd.kernel import bpf_maps
+    from shaperd.backends.edt import kernel_stamper as edt_prog
 
     out: dict = {"cases": {}}
     with edt_prog.create_maps() as maps:

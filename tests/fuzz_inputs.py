@@ -17,14 +17,14 @@ import time
 import yaml
 from hypothesis import strategies as st
 
-from shaperd.config import load_text
+from shaperd.core.config import load_text
 from shaperd.discovery.kubernetes import PodInfo
 from shaperd.discovery.kubernetes.errors import PodParseError
 from shaperd.discovery.podresources import api_pb2
 from shaperd.discovery.podresources.model import from_reply
 from shaperd.discovery.podresources.source import rdma_assignments
-from shaperd.errors import ConfigError
-from shaperd.roots import Roots
+from shaperd.core.errors import ConfigError
+from shaperd.core.roots import Roots
 from tests.k8s_fake import make_pod
 
 # No single input may take longer than this (a hang or a blow-up shows as a failure, not a slow run).

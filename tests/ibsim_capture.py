@@ -15,11 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from shaperd import config
-from shaperd.backends.rdma import opensm
-from shaperd.backends.rdma.plan import plan
-from shaperd.inventory import Inventory
-from shaperd.tenancy import tenancy
+from shaperd.core import config
+from shaperd.rdma import opensm
+from shaperd.rdma.plan import plan
+from shaperd.core.inventory import Inventory
+from shaperd.core.tenancy import tenancy
 
 from .ibsim import Fabric, wait_for
 

@@ -218,7 +218,7 @@ class KillBed:
         return False
 
     def steady_bytes(self) -> int:
-        from shaperd.backends.ids import assign_minors
+        from shaperd.core.ids import assign_minors
 
         names = [t["name"] for t in self.cfg_a["tenants"]]
         cid = 0x73680000 | assign_minors(names)["steady"]

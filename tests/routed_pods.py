@@ -204,8 +204,8 @@ class Kernel:
         The program id comes from tc's own JSON dump, the entries from the maps by id."""
         import json as _json
 
-        from shaperd.backends.htb.objects import src_prefix_keys
-        from shaperd.kernel import bpf_classify
+        from shaperd.backends.common.objects import src_prefix_keys
+        from shaperd.backends.common import kernel_classifier as bpf_classify
         from shaperd_bed import netns as bed_netns
 
         out = bed_netns.run(("tc", "-j", "filter", "show", "dev", "up0", "egress"), self.netns, check=False).stdout
@@ -336,8 +336,8 @@ def state_counts(s: dict) -> dict:
 
 
 def expected_u32(pod: PodSpec) -> set[tuple]:
-    from shaperd.backends.htb.objects import ROOT_HANDLE, src_prefix_keys
-    from shaperd.backends.ids import assign_minors
+    from shaperd.backends.common.objects import ROOT_HANDLE, src_prefix_keys
+    from shaperd.core.ids import assign_minors
 
     minors = assign_minors(["tenant-a", "tenant-b"])
     cid = ROOT_HANDLE | minors[pod.tenant]

@@ -38,7 +38,7 @@ def snapshot(reader: RtnlReader, ifindex: int, device: str) -> dict:
 
 def _classifier_entries(prog_id: int):
     """The map classifier's entries behind program ``prog_id``, as sorted tuples; None for another program."""
-    from shaperd.kernel.bpf_classify import ClassifierMaps
+    from shaperd.backends.common.kernel_classifier import ClassifierMaps
 
     try:
         with ClassifierMaps.adopt(prog_id) as maps:

@@ -2,7 +2,7 @@
 
 The id a BPF program sees (bpf_skb_ancestor_cgroup_id) is the cgroup
 directory's inode number on the cgroup2 filesystem; its level is its depth
-below the cgroup2 root. Roots (shaperd/roots.py) are injectable so tests use their own trees.
+below the cgroup2 root. Roots (shaperd/core/roots.py) are injectable so tests use their own trees.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..inventory import CgroupRef
-from ..roots import DEFAULT, Roots
+from shaperd.core.inventory import CgroupRef
+from shaperd.core.roots import DEFAULT, Roots
 
 
 def cgroup2_root(roots: Roots = DEFAULT) -> Path | None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import socket
 
-from ..inventory import Capabilities, Inventory, Link
-from ..kernel.rtnl_rows import RouteRow
-from ..roots import DEFAULT, Roots
+from shaperd.core.inventory import Capabilities, Inventory, Link
+from shaperd.kernel.rtnl_rows import RouteRow
+from shaperd.core.roots import DEFAULT, Roots
 
 RT_TABLE_MAIN, RTN_UNICAST = 254, 1
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from ..errors import KernelError
-from ..inventory import Link, Pod
-from . import cgroups
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Link, Pod
+from shaperd.discovery import cgroups
 
 
 def route_oif(reader, ip: str) -> int | None:

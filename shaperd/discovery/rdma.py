@@ -16,8 +16,8 @@ import os
 import re
 from pathlib import Path
 
-from ..inventory import Gid, RdmaDevice, RdmaPort
-from ..roots import DEFAULT, Roots
+from shaperd.core.inventory import Gid, RdmaDevice, RdmaPort
+from shaperd.core.roots import DEFAULT, Roots
 
 _EMPTY_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 # A PCI function address as sysfs names it, domain included: "0000:3b:00.2".

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..roots import DEFAULT, Roots
+from shaperd.core.roots import DEFAULT, Roots
 
 XMIT_DATA, XMIT_PACKETS, XMIT_WAIT = "port_xmit_data", "port_xmit_packets", "port_xmit_wait"
 # Present only when counters/ comes from PortCountersExtended with the IETF counters.

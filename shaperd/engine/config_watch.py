@@ -20,8 +20,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from .. import config_limits
-from ..errors import ConfigError, ConfigProblem
+from shaperd.core.config import limits as config_limits
+from shaperd.core.errors import ConfigError, ConfigProblem
 
 # A changed stamp must hold this long before the file is read...
 SETTLE_S = 0.25

@@ -16,19 +16,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import log
-from ..backends.base import ApplyResult, Backend, BackendStats, ClassTarget, Operation, PlanInput, Support, TargetDiff
-from ..config import Config
-from ..discovery import cgroups as cgroups_mod
-from ..discovery import pods as pods_mod
-from ..discovery import rdma as rdma_mod
-from ..discovery.node import discover
-from ..errors import ConfigProblem, KernelError, ShaperdError
-from ..inventory import Capabilities, Inventory
-from ..kernel.rtnl import CachedReads
-from ..roots import DEFAULT, Roots
-from ..tenancy import Tenancy, select_devices, tenancy
-from . import fallback
+from shaperd.core import log
+from shaperd.core.protocol import ApplyResult, Backend, BackendStats, ClassTarget, Operation, PlanInput, Support, TargetDiff
+from shaperd.core.config import Config
+from shaperd.discovery import cgroups as cgroups_mod
+from shaperd.discovery import pods as pods_mod
+from shaperd.discovery import rdma as rdma_mod
+from shaperd.discovery.node import discover
+from shaperd.core.errors import ConfigProblem, KernelError, ShaperdError
+from shaperd.core.inventory import Capabilities, Inventory
+from shaperd.kernel.rtnl import CachedReads
+from shaperd.core.roots import DEFAULT, Roots
+from shaperd.core.tenancy import Tenancy, select_devices, tenancy
+from shaperd.engine import fallback
 
 
 @dataclass
@@ -213,7 +213,7 @@ class Reconciler:
         """Keep ``refused_file`` (report/edt_refused.py) equal to the refusals, for ``shaperd status``."""
         now = fallback.collect(self.enabled, None)
         if self.refused_file is not None and now != self._refusals_recorded:
-            from ..report import edt_refused
+            from shaperd.engine import refusals_file as edt_refused
 
             try:
                 edt_refused.record(self.refused_file, now)
@@ -304,13 +304,13 @@ class Reconciler:
 def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, netns: str | None = None,
                      pins=None, stamper_pins=None) -> list[Backend]:
     """The enforcement paths shaperd runs today, in the order they are reconciled."""
-    from ..backends.dcb.backend import DcbBackend
-    from ..backends.edt.backend import EdtBackend
-    from ..backends.htb.backend import HtbBackend
-    from ..backends.marks.backend import MarksBackend
-    from ..backends.devlink.backend import DevlinkBackend
-    from ..backends.rdma.backend import RdmaBackend
-    from ..backends.vfrate.backend import VfRateBackend
+    from shaperd.backends.dcb.backend import DcbBackend
+    from shaperd.backends.edt.backend import EdtBackend
+    from shaperd.backends.htb.backend import HtbBackend
+    from shaperd.backends.marks.backend import MarksBackend
+    from shaperd.backends.devlink.backend import DevlinkBackend
+    from shaperd.backends.nccl.backend import RdmaBackend
+    from shaperd.backends.vfrate.backend import VfRateBackend
 
     # edt after htb: a device moving between the two is released by one before the other takes it.
     return [HtbBackend(writer, take_over=take_over, pins=pins), EdtBackend(writer, take_over=take_over, pins=pins,
@@ -323,8 +323,8 @@ def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, ne
 def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DEFAULT, take_over: bool = False,
               pods_source=None, pod_resources=None) -> Reconciler:
     """A reconciler whose reader and writers all live in one namespace (kernel/netns.py)."""
-    from ..kernel import bpf_pins, tc
-    from ..kernel.rtnl import RtnlReader
+    from shaperd.kernel import bpf_pins, tc
+    from shaperd.kernel.rtnl import RtnlReader
 
     reader = RtnlReader(netns, run_root=str(roots.run))
     writer = tc.open_writer(netns, str(roots.run))
@@ -332,8 +332,8 @@ def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DE
     pins = bpf_pins.PinStore(caps.bpf_pin_root, bpf_pins.scope_for(netns)) if caps.bpf_adopt == "pins" else None
     # The edt stampers' pins: where the probe got a stamper back (the map classifier may be refused there).
     stamper_pins = _stamper_pins(caps, netns)
-    from ..discovery.htb_offload import DeviceProbe
-    from ..report import edt_refused
+    from shaperd.backends.htb.offload_probe import DeviceProbe
+    from shaperd.engine import refusals_file as edt_refused
 
     rec = Reconciler(reader, default_backends(writer, take_over, roots, netns, pins, stamper_pins), caps, roots=roots,
                      pods_source=pods_source, pod_resources=pod_resources, device_probe=DeviceProbe(netns, roots))
@@ -343,7 +343,8 @@ def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DE
 
 def _stamper_pins(caps: Capabilities, netns: str | None):
     """The edt stampers' bpffs PinStore ("edt-stamper" part of the scope), or None: their maps found by id."""
-    from ..kernel import bpf_pins, edt_prog
+    from shaperd.kernel import bpf_pins
+    from shaperd.backends.edt import kernel_stamper as edt_prog
 
     root = caps.edt_pin_root or (caps.bpf_pin_root if caps.bpf_adopt == "pins" else "")
     return bpf_pins.PinStore(root, bpf_pins.scope_for(netns)).sub(edt_prog.STAMPER_PINS) if root else None

@@ -33,7 +33,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .bpf import BpfError, _syscall
+from shaperd.kernel.bpf import BpfError, _syscall
 
 __all__ = [
     "BPF_ANY",

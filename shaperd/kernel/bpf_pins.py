@@ -33,9 +33,9 @@ import errno as errno_mod
 import os
 from pathlib import Path
 
-from . import bpf_maps
-from .bpf_maps import BpfMapError
-from ..pids import pid_alive
+from shaperd.kernel import bpf_maps
+from shaperd.kernel.bpf_maps import BpfMapError
+from shaperd.core.pids import pid_alive
 
 _OBJ_PIN, _OBJ_GET = 6, 7  # enum bpf_cmd
 _TMP = "pinning:"

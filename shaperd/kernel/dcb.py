@@ -31,9 +31,9 @@ import os
 import struct
 from dataclasses import dataclass
 
-from ..errors import KernelError
-from . import nlmsg
-from .rtnl import RtnlReader
+from shaperd.core.errors import KernelError
+from shaperd.kernel import nlmsg
+from shaperd.kernel.rtnl import RtnlReader
 
 RTM_GETDCB, RTM_SETDCB = 78, 79
 DCB_CMD_IEEE_SET, DCB_CMD_IEEE_GET, DCB_CMD_IEEE_DEL = 20, 21, 27

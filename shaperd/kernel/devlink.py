@@ -33,10 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..errors import KernelError
-from . import nlmsg
-from .nlexchange import NetlinkExchange, open_netlink
-from .nlmsg import Message
+from shaperd.core.errors import KernelError
+from shaperd.kernel import nlmsg
+from shaperd.kernel.nlexchange import NetlinkExchange, open_netlink
+from shaperd.kernel.nlmsg import Message
 
 NETLINK_GENERIC = 16
 NLM_F_CAPPED, NLM_F_ACK_TLVS = 0x100, 0x200

@@ -21,9 +21,9 @@ from __future__ import annotations
 import errno as errno_mod
 from typing import NamedTuple
 
-from ..errors import KernelError
-from . import nlmsg
-from .devlink import GENL, GenlExchange, ack_message, genl_message
+from shaperd.core.errors import KernelError
+from shaperd.kernel import nlmsg
+from shaperd.kernel.devlink import GENL, GenlExchange, ack_message, genl_message
 
 FAMILY = "ethtool"
 ETHTOOL_GENL_VERSION = 1

@@ -13,9 +13,9 @@ from __future__ import annotations
 import errno as errno_mod
 from dataclasses import dataclass
 
-from ..errors import KernelError
-from . import nlmsg
-from .rtnl import open_socket
+from shaperd.core.errors import KernelError
+from shaperd.kernel import nlmsg
+from shaperd.kernel.rtnl import open_socket
 
 RTMGRP_LINK = 0x1
 RTMGRP_TC = 0x8

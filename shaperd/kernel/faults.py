@@ -22,7 +22,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from . import nlmsg
+from shaperd.kernel import nlmsg
 
 ACTIVE: "FaultPlan | None" = None
 

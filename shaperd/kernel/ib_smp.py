@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from ..errors import ShaperdError
+from shaperd.core.errors import ShaperdError
 
 SMPQUERY = "smpquery"
 DEFAULT_TIMEOUT_S = 10.0

@@ -31,10 +31,10 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import KernelError
-from . import nlmsg
-from .nlexchange import NetlinkExchange, open_netlink
-from .nlwriter import ext_ack_text
+from shaperd.core.errors import KernelError
+from shaperd.kernel import nlmsg
+from shaperd.kernel.nlexchange import NetlinkExchange, open_netlink
+from shaperd.kernel.nlwriter import ext_ack_text
 
 NETLINK_ROUTE = 0
 RTM_NEWQDISC, RTM_DELQDISC = 36, 37

@@ -19,7 +19,7 @@ import ctypes
 import os
 from collections.abc import Iterator
 
-from ..errors import KernelError
+from shaperd.core.errors import KernelError
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -18,10 +18,10 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 
-from ..errors import KernelError
-from . import netns as netns_mod
-from . import nlmsg
-from .nlmsg import Message
+from shaperd.core.errors import KernelError
+from shaperd.kernel import netns as netns_mod
+from shaperd.kernel import nlmsg
+from shaperd.kernel.nlmsg import Message
 
 RECV_BYTES = 1 << 16
 RCVBUF_BYTES = 1 << 20

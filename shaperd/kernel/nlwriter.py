@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from . import faults
-from . import netns as netns_mod
-from . import nlmsg
-from .nlexchange import NETLINK_CAP_ACK, NETLINK_EXT_ACK, SOL_NETLINK
+from shaperd.kernel import faults
+from shaperd.kernel import netns as netns_mod
+from shaperd.kernel import nlmsg
+from shaperd.kernel.nlexchange import NETLINK_CAP_ACK, NETLINK_EXT_ACK, SOL_NETLINK
 
 NETLINK_ROUTE = 0
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)

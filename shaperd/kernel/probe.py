@@ -24,10 +24,10 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from ..pids import pid_alive
-from ..inventory import Capabilities
-from ..roots import Roots
-from . import tc as _tc  # noqa: F401 - registers the bfifo codec with pyroute2
+from shaperd.core.pids import pid_alive
+from shaperd.core.inventory import Capabilities
+from shaperd.core.roots import Roots
+from shaperd.kernel import tc as _tc  # noqa: F401 - registers the bfifo codec with pyroute2
 
 CLONE_NEWNET = 0x40000000
 MNT_DETACH = 2
@@ -73,7 +73,9 @@ def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None, roots: R
     device, so cls_bpf is still tested here rather than assumed missing. What edt needs (sch_fq, mq) is
     read from the kernel's own files instead (kernel/qdisc_kinds.py): absent is not offered, unknown is
     offered and verified at apply (backends/edt/refusals.py)."""
-    from . import bpf, bpf_classify, qdisc_kinds
+    from shaperd.kernel import bpf
+    from shaperd.backends.common import kernel_classifier as bpf_classify
+    from shaperd.kernel import qdisc_kinds
 
     roots = roots or Roots(proc=Path(procfs_root))
     kinds = _asked_where_unknown(qdisc_kinds.evidence_all(roots))
@@ -104,7 +106,7 @@ def _asked_where_unknown(kinds: dict) -> dict:
     """sch_fq's evidence, where the kernel's files say nothing, from the kernel itself: a request on lo that
     it must refuse either way (kernel/kind_ask.py, CAP_NET_ADMIN, changes nothing). No answer keeps
     "unknown" (verified at apply)."""
-    from . import kind_ask, qdisc_kinds
+    from shaperd.kernel import kind_ask, qdisc_kinds
 
     ev = kinds.get("sch_fq")
     if ev is None or ev.state != qdisc_kinds.UNKNOWN:
@@ -122,7 +124,7 @@ def _stamper_adopt(bpf_ok: bool, bpffs_root: str | None, notes: list[str]) -> st
     """"pins" where the edt stamper itself loads and comes back through bpffs pins (its own program: the
     map classifier's verdict says nothing about it; on Debian's 6.1 without CAP_PERFMON the verifier
     refuses the classifier but not necessarily the stamper), else ""."""
-    from . import edt_prog
+    from shaperd.backends.edt import kernel_stamper as edt_prog
 
     if not bpf_ok:
         return ""
@@ -136,7 +138,7 @@ def _edt_assumed(bpf_ok: bool, adopt: str, notes: list[str], kinds: dict) -> tup
     """(fq, mq) without a probe namespace. edt is offered only where its stamper's maps come back after a
     restart without CAP_SYS_ADMIN (bpffs pins) and the kernel's files do not say sch_fq, mq or cls_bpf is
     absent; a kind they cannot tell about (unknown) is verified when first applied on each device."""
-    from .qdisc_kinds import ABSENT, UNKNOWN
+    from shaperd.kernel.qdisc_kinds import ABSENT, UNKNOWN
 
     if not (bpf_ok and adopt == "pins"):
         notes.append("edt unavailable: without a probe namespace the stamper must load and its maps come back "
@@ -207,7 +209,8 @@ def _probe(bpffs_root: str | None = None) -> Capabilities:
         if not _off_ok:
             notes.append(f"{off_why} (probe veth): HTB offload is decided per uplink (discovery/htb_offload.py "
                          "probes each device read-only; backends/htb/offload_plan.py decides)")
-        from . import bpf, bpf_classify
+        from shaperd.kernel import bpf
+        from shaperd.backends.common import kernel_classifier as bpf_classify
 
         bpf_ok, why = bpf.bpf_supported()
         attach_ok, maps_why = bpf_classify.probe(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")

@@ -34,7 +34,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..roots import Roots
+from shaperd.core.roots import Roots
 
 PRESENT, ABSENT, UNKNOWN = "present", "absent", "unknown"
 # module name -> its Kconfig symbol (None: not a tristate option).

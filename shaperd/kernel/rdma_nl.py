@@ -30,10 +30,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ..errors import KernelError
-from . import nlmsg
-from .nlexchange import NetlinkExchange, open_netlink
-from .nlmsg import Message
+from shaperd.core.errors import KernelError
+from shaperd.kernel import nlmsg
+from shaperd.kernel.nlexchange import NetlinkExchange, open_netlink
+from shaperd.kernel.nlmsg import Message
 
 NETLINK_RDMA = 20
 RDMA_NL_NLDEV = 5

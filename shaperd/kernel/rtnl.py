@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from ..errors import KernelError
-from . import faults, nlmsg
-from .nlexchange import open_netlink
-from . import rtnl_rows as rows
-from .nlmsg import Message
+from shaperd.core.errors import KernelError
+from shaperd.kernel import faults, nlmsg
+from shaperd.kernel.nlexchange import open_netlink
+from shaperd.kernel import rtnl_rows as rows
+from shaperd.kernel.nlmsg import Message
 
 NETLINK_ROUTE = 0
 RTM_GETLINK, RTM_GETROUTE, RTM_GETNEIGH = 18, 26, 30

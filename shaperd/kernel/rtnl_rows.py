@@ -14,7 +14,7 @@ import socket
 import struct
 from typing import NamedTuple
 
-from .nlmsg import Message, U32, attrs, fast_new, string, u32, u64
+from shaperd.kernel.nlmsg import Message, U32, attrs, fast_new, string, u32, u64
 
 IFINFOMSG = struct.Struct("=BBHiII")  # family, pad, type, index, flags, change
 TCMSG = struct.Struct("=BBHiIII")  # family, pad1, pad2, ifindex, handle, parent, info

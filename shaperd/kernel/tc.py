@@ -32,18 +32,19 @@ from pyroute2.netlink.rtnl import (
 from pyroute2.netlink.rtnl import tcmsg as tcmsg_mod
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo, tcmsg
 
-from ..backends.base import ApplyResult, Operation
-from ..backends.edt import ops as edt
-from ..backends.edt.objects import STAMPER_HANDLE
-from ..backends.htb import ops as htb
-from ..backends.htb.objects import ETH_P_ALL, ROOT_HANDLE, HtbClass, LeafQdisc, U32Filter
-from ..backends.marks import ops as marks
-from ..backends.marks.objects import CLSACT_HANDLE, PRIO_MARK_INGRESS, TC_H_CLSACT, TC_H_INGRESS_PARENT
-from ..errors import TRANSIENT_ERRNOS, KernelError
-from ..units import bps_to_Bps, xmit_ticks
-from . import bpf, edt_prog
-from . import netns as netns_mod
-from . import nlwriter
+from shaperd.core.protocol import ApplyResult, Operation
+from shaperd.backends.edt import ops as edt
+from shaperd.backends.edt.objects import STAMPER_HANDLE
+from shaperd.backends.htb import ops as htb
+from shaperd.backends.common.objects import ETH_P_ALL, ROOT_HANDLE, HtbClass, LeafQdisc, U32Filter
+from shaperd.backends.marks import ops as marks
+from shaperd.backends.marks.objects import CLSACT_HANDLE, PRIO_MARK_INGRESS, TC_H_CLSACT, TC_H_INGRESS_PARENT
+from shaperd.core.errors import TRANSIENT_ERRNOS, KernelError
+from shaperd.core.units import bps_to_Bps, xmit_ticks
+from shaperd.kernel import bpf
+from shaperd.backends.edt import kernel_stamper as edt_prog
+from shaperd.kernel import netns as netns_mod
+from shaperd.kernel import nlwriter
 
 # bfifo shares pfifo's option struct (struct tc_fifo_qopt { u32 limit; });
 # pyroute2 0.9 only registers the pfifo name.

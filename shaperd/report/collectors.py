@@ -28,10 +28,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from .. import __version__, buildinfo
-from .exposition import Families, escape_label_value, label_text, render_family
-from .health import AgentState
-from .sampler import Sampler, Snapshot
+from shaperd import __version__
+from shaperd.core import buildinfo
+from shaperd.report.exposition import Families, escape_label_value, label_text, render_family
+from shaperd.report.health import AgentState
+from shaperd.report.sampler import Sampler, Snapshot
 
 # The tenants collector reports failure when its snapshot is older than this.
 STALE_AFTER_S = 10.0

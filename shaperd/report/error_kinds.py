@@ -35,7 +35,7 @@ def report_error_kinds(rep) -> set[str]:
 
 def exception_kind(e: Exception) -> str:
     """The kind of an exception that ended a reconcile before it produced a Report."""
-    from ..errors import DiscoveryError, KernelError
+    from shaperd.core.errors import DiscoveryError, KernelError
 
     if isinstance(e, KernelError):
         return "netlink"

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .error_kinds import ERROR_KINDS
+from shaperd.report.error_kinds import ERROR_KINDS
 
 # /healthz fails when the loop has not ticked for this long: it ticks at least
 # once a second while idle (its file poll), so 10 s is a stuck loop.

@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .. import log
+from shaperd.core import log
 
 CLIENT_TIMEOUT_S = 10.0
 PROBE_PATHS = ("/healthz", "/readyz")
@@ -118,7 +118,7 @@ class MetricsServer:
         host, port = parse_address(address)
         web = None
         if web_config_file:
-            from .webconfig import WebConfigSource
+            from shaperd.report.webconfig import WebConfigSource
 
             lg = log.get("shaperd.http")
             web = WebConfigSource(web_config_file, on_error=lambda e: lg.error(

@@ -25,10 +25,10 @@ import time
 
 from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
 
-from .collectors import AgentCollector, TenantCollector, TimedCollectors
-from .error_kinds import exception_kind, report_error_kinds
-from .health import MAX_TICK_AGE_S, AgentState
-from .sampler import Sampler
+from shaperd.report.collectors import AgentCollector, TenantCollector, TimedCollectors
+from shaperd.report.error_kinds import exception_kind, report_error_kinds
+from shaperd.report.health import MAX_TICK_AGE_S, AgentState
+from shaperd.report.sampler import Sampler
 
 __all__ = ["DEFAULT_METRICS_ADDRESS", "Metrics", "exception_kind", "report_error_kinds"]
 
@@ -46,7 +46,7 @@ class Metrics:
 
     def __init__(self, sampler: Sampler | None, registry: CollectorRegistry | None = None, *,
                  wall=time.time, monotonic=time.monotonic):
-        from .. import log
+        from shaperd.core import log
 
         self._wall, self._mono = wall, monotonic
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)

@@ -12,13 +12,13 @@ still shown. Without a readable tenants file nothing is planned: no section.
 
 from __future__ import annotations
 
-from ..units import format_rate
+from shaperd.core.units import format_rate
 
 KEYS = ("vf_rates", "devlink_rates", "dcb")
 
 
 def _vf_rates(cfg, roots, reader, kernel):
-    from .. import cli_rdma_vf
+    from shaperd.backends.vfrate import cli as cli_rdma_vf
 
     out = cli_rdma_vf.as_json(*cli_rdma_vf.read(cfg, roots, reader, kernel))
     pfs_bad = any(p["blocked"] or p["error"] for p in out["pfs"].values())
@@ -26,7 +26,7 @@ def _vf_rates(cfg, roots, reader, kernel):
 
 
 def _devlink(cfg, roots, open_nl):
-    from .. import cli_rdma_devlink
+    from shaperd.backends.devlink import cli as cli_rdma_devlink
 
     out = cli_rdma_devlink.collect(cfg, roots, open_nl)
     if not out["enabled"]:
@@ -37,7 +37,7 @@ def _devlink(cfg, roots, open_nl):
 
 
 def _dcb(cfg, roots, netns, client):
-    from .. import cli_rdma_dcb
+    from shaperd.backends.dcb import cli as cli_rdma_dcb
 
     out = cli_rdma_dcb.collect(cfg, roots, netns, client=client)
     # An uplink no tenant uses whose DCB cannot be read (no DCB in its driver) has nothing to show.
@@ -53,12 +53,12 @@ def collect(cfg, roots, reader, *, netns=None, vf_kernel=None, open_devlink=None
     if cfg is None:
         return {}
     if open_devlink is None:
-        from ..kernel import devlink as nl
+        from shaperd.kernel import devlink as nl
 
         def open_devlink():
             return nl.DevlinkNl(netns, run_root=str(roots.run))
     if dcb_client is None:
-        from ..kernel.dcb import DcbClient
+        from shaperd.kernel.dcb import DcbClient
 
         dcb_client = DcbClient(reader)
     steps = (("vf_rates", lambda: _vf_rates(cfg, roots, reader, vf_kernel)),

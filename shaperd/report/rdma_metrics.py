@@ -33,9 +33,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from .rdma_sampler import RdmaSampler, RdmaSnapshot
+from shaperd.report.rdma_sampler import RdmaSampler, RdmaSnapshot
 
-from .collectors import Unhealthy as _Unhealthy
+from shaperd.report.collectors import Unhealthy as _Unhealthy
 
 STALE_AFTER_S = 10.0
 PATH = "rdma"
@@ -180,7 +180,7 @@ class RdmaCollector(Collector):
             yield GaugeMetricFamily("shaperd_rdma_last_sample_timestamp_seconds", "When RDMA counters were last read "
                                     "successfully", value=snap.taken_at)
         if self.sm_checker is not None:
-            from .rdma_smcheck import families
+            from shaperd.report.rdma_smcheck import families
 
             yield from families(self.sm_checker.snapshot)
         problem = self._problem(snap)

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from .. import log
-from ..inventory import RdmaDevice
-from .rdma_accounting import Counters, PortTarget, RdmaAccumulator, RdmaPortSeries
-from .periodic import Periodic
+from shaperd.core import log
+from shaperd.core.inventory import RdmaDevice
+from shaperd.report.rdma_accounting import Counters, PortTarget, RdmaAccumulator, RdmaPortSeries
+from shaperd.core.periodic import Periodic
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .. import log
-from ..backends.rdma import smcheck
-from ..backends.rdma.opensm import DEFAULT_MAX_VLS
-from ..config import Config
-from ..inventory import Inventory, RdmaPort
-from .periodic import Periodic
+from shaperd.core import log
+from shaperd.rdma import smcheck
+from shaperd.rdma.opensm import DEFAULT_MAX_VLS
+from shaperd.core.config import Config
+from shaperd.core.inventory import Inventory, RdmaPort
+from shaperd.core.periodic import Periodic
 
 Read = Callable[[str, int], smcheck.ObservedPort]
 MaxVls = int | Mapping[str, int]
@@ -94,7 +94,7 @@ class _Inputs:
 
 def kernel_reader(settings: SmCheckSettings) -> Read:
     """The real reader: smpquery through kernel/ib_smp.py, each call with the settings' deadline."""
-    from ..kernel import ib_smp
+    from shaperd.kernel import ib_smp
 
     return ib_smp.reader(timeout_s=settings.timeout_s)
 

@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .. import cli_output as output
-from ..inventory import RdmaDevice, RdmaPort
-from ..roots import Roots
-from ..units import format_rate
-from .rdma_accounting import RdmaPortSeries
-from .rdma_view import RdmaWatch
+from shaperd.core import format as output
+from shaperd.core.inventory import RdmaDevice, RdmaPort
+from shaperd.core.roots import Roots
+from shaperd.core.units import format_rate
+from shaperd.report.rdma_accounting import RdmaPortSeries
+from shaperd.report.rdma_view import RdmaWatch
 
 SmCheck = Callable[[RdmaPort], Mapping | None]
 
@@ -51,8 +51,8 @@ class NetlinkView:
 def read_netlink(devices: tuple[RdmaDevice, ...], netns: str | None = None, run_root: str = "/run",
                  reader_factory=None) -> NetlinkView:
     """Devices and ports over RDMA netlink, and where they disagree with sysfs (as notes)."""
-    from ..errors import KernelError
-    from ..kernel import rdma_nl
+    from shaperd.core.errors import KernelError
+    from shaperd.kernel import rdma_nl
 
     try:
         reader = reader_factory() if reader_factory else rdma_nl.RdmaNlReader(netns, run_root=run_root)
@@ -231,15 +231,15 @@ def main(args) -> int:
 
 
 def _sm_check(args):
-    from ..kernel import ib_smp
-    from .rdma_smcheck import for_watch
+    from shaperd.kernel import ib_smp
+    from shaperd.report.rdma_smcheck import for_watch
 
     return for_watch(ib_smp.reader(timeout_s=args.sm_check_timeout), dict(args.max_vls),
                      no_config=f"{args.config}: not a readable tenants file; no expected tables")
 
 
 def register(sub, node_opts) -> None:
-    from ..cli_rdma_opensm import max_vls_arg
+    from shaperd.cli.rdma_opensm import max_vls_arg
 
     p = sub.add_parser("status", help="RDMA devices and ports: owners, SL and TC, counters and rates, notes")
     node_opts(p)

@@ -16,17 +16,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..backends.rdma.plan import RdmaPlan, plan
-from ..config import Config, load_file
-from ..discovery import rdma as rdma_discovery
-from ..discovery import rdma_counters
-from ..errors import ConfigError
-from ..inventory import Inventory, RdmaDevice
-from ..roots import DEFAULT, Roots
-from ..tenancy import tenancy
-from ..units import format_rate
-from .rdma_accounting import PortTarget, RdmaAccumulator, RdmaPortSeries
-from .rdma_sampler import targets_of
+from shaperd.rdma.plan import RdmaPlan, plan
+from shaperd.core.config import Config, load_file
+from shaperd.discovery import rdma as rdma_discovery
+from shaperd.discovery import rdma_counters
+from shaperd.core.errors import ConfigError
+from shaperd.core.inventory import Inventory, RdmaDevice
+from shaperd.core.roots import DEFAULT, Roots
+from shaperd.core.tenancy import tenancy
+from shaperd.core.units import format_rate
+from shaperd.report.rdma_accounting import PortTarget, RdmaAccumulator, RdmaPortSeries
+from shaperd.report.rdma_sampler import targets_of
 
 
 def load_config(path: str | None) -> Config | None:

@@ -45,9 +45,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
-from .. import log
-from ..backends.base import ClassTarget
-from .periodic import Periodic
+from shaperd.core import log
+from shaperd.core.protocol import ClassTarget
+from shaperd.core.periodic import Periodic
 
 # Below-guarantee tolerance: 2 % of the guarantee (see module docstring).
 BELOW_MARGIN = 0.02

@@ -24,7 +24,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
-from .. import log
+from shaperd.core import log
 
 _log = log.get("shaperd.sdnotify")
 

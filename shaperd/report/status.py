@@ -17,12 +17,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from .. import cli_output as output
-from ..config import load_file
-from ..errors import ConfigError
-from ..backends.ids import assign_minors
-from ..backends.htb.objects import DEFAULT_CLASS_MINOR, HANDLE_MAJOR, ROOT_CLASS_MINOR, fmt_handle
-from ..units import format_rate
+from shaperd.core import format as output
+from shaperd.core.config import load_file
+from shaperd.core.errors import ConfigError
+from shaperd.core.ids import assign_minors
+from shaperd.backends.common.objects import DEFAULT_CLASS_MINOR, HANDLE_MAJOR, ROOT_CLASS_MINOR, fmt_handle
+from shaperd.core.units import format_rate
 
 
 @dataclass
@@ -59,7 +59,7 @@ def class_labels(config_path: str | None) -> dict[int, str]:
 
 def scope_labels(cfg, minors: dict[str, int]) -> dict[int, str]:
     """Destination-scope leaves (issue 12): 'tenant-a/rest' and 'tenant-a->10.244.0.0/16'."""
-    from ..backends.htb.scopes import scope_minors
+    from shaperd.backends.htb.scopes import scope_minors
 
     smins = scope_minors(cfg.tenants, minors)
     out = {}
@@ -71,7 +71,7 @@ def scope_labels(cfg, minors: dict[str, int]) -> dict[int, str]:
 
 def sample(reader) -> dict[tuple[str, int], object]:
     """One read of every shaperd class on every shaped device: {(device, classid): class row}."""
-    from ..backends.htb.observe import read_counters
+    from shaperd.backends.htb.observe import read_counters
 
     return read_counters(reader)
 
@@ -113,10 +113,11 @@ def render_table(rs: list[Row], empty_note: str = "(no device carries shaperd's 
 
 
 def main(args) -> int:
-    from ..kernel.rtnl import RtnlReader
+    from shaperd.kernel.rtnl import RtnlReader
 
-    from ..roots import Roots
-    from . import edt_status, rdma_view
+    from shaperd.core.roots import Roots
+    from shaperd.backends.edt import status as edt_status
+    from shaperd.report import rdma_view
 
     ipr = RtnlReader(getattr(args, "netns", None))
     labels = class_labels(args.config)
@@ -132,8 +133,12 @@ def main(args) -> int:
 
 
 def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
-    from ..discovery.htb_offload import DeviceProbe
-    from . import classifier_status, edt_refused, edt_status, nic_status, rdma_view
+    from shaperd.backends.htb.offload_probe import DeviceProbe
+    from shaperd.backends.common import classifier_status
+    from shaperd.engine import refusals_file as edt_refused
+    from shaperd.backends.edt import status as edt_status
+    from shaperd.report import nic_status
+    from shaperd.report import rdma_view
 
     offload_probe = DeviceProbe(getattr(args, "netns", None), nic_roots)  # read-only: driver and ethtool features
     prev = sample(ipr)

@@ -25,11 +25,11 @@ from __future__ import annotations
 import sys
 import time
 
-from .. import cli_output as output
-from ..backends.htb.objects import fmt_handle
-from ..units import format_rate
-from .sampler import Accumulator, TenantSeries, Target
-from .status import class_labels
+from shaperd.core import format as output
+from shaperd.backends.common.objects import fmt_handle
+from shaperd.core.units import format_rate
+from shaperd.report.sampler import Accumulator, TenantSeries, Target
+from shaperd.report.status import class_labels
 
 BAR_WIDTH = 30
 CLEAR = "\x1b[H\x1b[2J"
@@ -84,7 +84,7 @@ def _drops_key(plane: str, s: TenantSeries) -> tuple:
 def render(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, node: str = "", rdma=(),
            color: bool = False, edt: tuple[TenantSeries, ...] = (), edt_backlog_ns: dict | None = None,
            edt_errors: dict | None = None) -> str:
-    from .edt_status import format_backlog
+    from shaperd.backends.edt.status import format_backlog
 
     head = ("TENANT", "PLANE", "DEVICE", "CLASS", "RATE", "RATE VS GUARANTEE | LIMIT", "GUARANTEE", "LIMIT",
             "DROPS", "BACKLOG", "BORROWED", "BELOW-G")
@@ -112,7 +112,7 @@ def render(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float, 
     if not series and not edt:
         body += "\n(no tenant class on any device: no shaperd qdisc, or no tenants file to name classes)"
     if rdma:
-        from .rdma_view import render_table as rdma_table
+        from shaperd.report.rdma_view import render_table as rdma_table
 
         body += "\n\nRDMA ports (measured at the HCA):\n" + rdma_table(rdma)
     return f"{title}\n{body}"
@@ -124,7 +124,7 @@ def view_doc(series: tuple[TenantSeries, ...], drops_base: dict, window_s: float
     """One view as ``-o json|yaml`` prints it: the same figures as the table, rates in bit/s, bytes in bytes.
 
     Every row has the same keys: ``backlog_bytes`` is None on an edt row, ``backlog_ns`` on an HTB row."""
-    from .rdma_view import tenant_rows
+    from shaperd.report.rdma_view import tenant_rows
 
     def row(plane: str, s: TenantSeries) -> dict:
         key = (s.target.device, s.target.classid)
@@ -158,8 +158,8 @@ def edt_ingest(acc: Accumulator, t: float, rows) -> dict:
     """Feed status's edt rows (report/edt_status.py) to ``acc``; tenants of the file only, as for HTB.
 
     Returns {(device, classid): backlog_ns} for the view."""
-    from ..backends.htb.objects import HANDLE_MAJOR
-    from .edt_status import NONE_TENANT, UNKNOWN_TENANT
+    from shaperd.backends.common.objects import HANDLE_MAJOR
+    from shaperd.backends.edt.status import NONE_TENANT, UNKNOWN_TENANT
 
     stats, targets, backlog = {}, {}, {}
     for r in rows:
@@ -174,12 +174,12 @@ def edt_ingest(acc: Accumulator, t: float, rows) -> dict:
 
 
 def main(args) -> int:
-    from ..kernel.rtnl import RtnlReader
-    from ..roots import Roots
-    from .rdma_view import RdmaWatch
-    from .status import sample
+    from shaperd.kernel.rtnl import RtnlReader
+    from shaperd.core.roots import Roots
+    from shaperd.report.rdma_view import RdmaWatch
+    from shaperd.report.status import sample
 
-    from . import edt_status
+    from shaperd.backends.edt import status as edt_status
 
     reader = RtnlReader(getattr(args, "netns", None))
     labels = class_labels(args.config)

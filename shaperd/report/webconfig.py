@@ -41,7 +41,7 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import ShaperdError
+from shaperd.core.errors import ShaperdError
 
 _TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
 _TLS_UNSUPPORTED = {"cert", "key", "client_ca", "cipher_suites", "curve_preferences", "prefer_server_cipher_suites",

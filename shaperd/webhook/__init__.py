@@ -33,11 +33,11 @@ def main(args) -> int:
     import signal
     import threading
 
-    from .. import log
-    from ..errors import ShaperdError
-    from .admission import Mutator
-    from .reload import TenantsFile, TlsFiles
-    from .server import WebhookServer
+    from shaperd.core import log
+    from shaperd.core.errors import ShaperdError
+    from shaperd.webhook.admission import Mutator
+    from shaperd.webhook.reload import TenantsFile, TlsFiles
+    from shaperd.webhook.server import WebhookServer
 
     tls = TlsFiles(args.tls_dir)
     tenants = TenantsFile(args.config, lambda cfg: Mutator(cfg, args.env_from))

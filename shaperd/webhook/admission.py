@@ -22,11 +22,11 @@ import base64
 import json
 from dataclasses import dataclass, field
 
-from ..backends.rdma import nccl
-from ..backends.rdma import plan as rdma_plan
-from ..config import Config
-from ..inventory import Inventory, Pod
-from ..tenancy import Tenancy, pod_tenants
+from shaperd.rdma import nccl
+from shaperd.rdma import plan as rdma_plan
+from shaperd.core.config import Config
+from shaperd.core.inventory import Inventory, Pod
+from shaperd.core.tenancy import Tenancy, pod_tenants
 
 API_VERSION = "admission.k8s.io/v1"
 ENV_FROM_CHOICES = ("skip", "add")

@@ -17,9 +17,9 @@ import ssl
 import threading
 from pathlib import Path
 
-from .. import log
-from ..config import load_text
-from ..errors import ConfigError, ShaperdError
+from shaperd.core import log
+from shaperd.core.config import load_text
+from shaperd.core.errors import ConfigError, ShaperdError
 
 CERT_FILE, KEY_FILE = "tls.crt", "tls.key"
 

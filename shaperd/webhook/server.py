@@ -20,8 +20,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .. import log
-from . import admission
+from shaperd.core import log
+from shaperd.webhook import admission
 
 # An AdmissionReview of a CREATE carries one object; the API server caps objects at about 3 MiB.
 MAX_BODY_BYTES = 6 * 1024 * 1024

@@ -80,7 +80,7 @@ def shaperd_cli() -> list[str]:
     """argv prefix that runs shaperd's CLI with the bed's interpreter.
 
     ``python -m shaperd`` (needs ``shaperd/__main__.py``); until that module
-    exists, ``python -m shaperd.cli`` is the same entry point.
+    exists, ``python -m shaperd.cli.main`` is the same entry point.
     """
     import importlib.util
 
@@ -88,7 +88,7 @@ def shaperd_cli() -> list[str]:
         has_main = importlib.util.find_spec("shaperd.__main__") is not None
     except (ImportError, ValueError):
         has_main = False
-    return [sys.executable, "-m", "shaperd" if has_main else "shaperd.cli"]
+    return [sys.executable, "-m", "shaperd" if has_main else "shaperd.cli.main"]
 
 
 def shaperd_available() -> bool:

@@ -108,7 +108,7 @@ class Bed:
         self.nets.cleanup()
         # What a reconciler opened on this node namespace with the default roots recorded for status
         # (report/edt_refused.py): per namespace, so it names only this bed's devices; never left behind.
-        from shaperd.report import edt_refused
+        from shaperd.engine import refusals_file as edt_refused
 
         edt_refused.path_for("/run", self.node).unlink(missing_ok=True)
 

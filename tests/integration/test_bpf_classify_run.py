@@ -13,9 +13,11 @@ import struct
 
 import pytest
 
-from shaperd.backends.htb import mapcls
-from shaperd.backends.htb.objects import DstScope
-from shaperd.kernel import bpf, bpf_classify, bpf_maps
+from shaperd.backends.common import mapcls
+from shaperd.backends.common.objects import DstScope
+from shaperd.kernel import bpf
+from shaperd.backends.common import kernel_classifier as bpf_classify
+from shaperd.kernel import bpf_maps
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (bpf)")
 

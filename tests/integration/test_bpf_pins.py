@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from shaperd.backends.htb import mapcls
-from shaperd.config import load_file as load_config
+from shaperd.backends.common import mapcls
+from shaperd.core.config import load_file as load_config
 from shaperd.engine.reconciler import open_node
-from shaperd.kernel import bpf_classify, bpf_maps, bpf_pins
+from shaperd.backends.common import kernel_classifier as bpf_classify
+from shaperd.kernel import bpf_maps
+from shaperd.kernel import bpf_pins
 from shaperd.kernel.probe import probe_capabilities
 
 from .conftest import needs_root

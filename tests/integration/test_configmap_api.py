@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 
-from shaperd.backends.htb.objects import ROOT_HANDLE
-from shaperd.backends.ids import assign_minors
+from shaperd.backends.common.objects import ROOT_HANDLE
+from shaperd.core.ids import assign_minors
 from tests import procs
 from tests.k8s_fake import write_kubeconfig
 
@@ -88,7 +88,7 @@ def test_the_source_design_in_a_cluster_configmap_and_cilium_policy_through_the_
     import yaml
 
     from shaperd.backends.htb.scopes import scope_minors
-    from shaperd.config import load_text
+    from shaperd.core.config import load_text
 
     src = (Path(__file__).resolve().parents[2] / "examples" / "kubeflow-source-design.yaml").read_text()
     cm, cnp = yaml.safe_load_all(src)

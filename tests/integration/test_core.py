@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pyroute2 import IPRoute
 
-from shaperd.backends.htb.objects import ROOT_HANDLE
-from shaperd.backends.ids import assign_minors
+from shaperd.backends.common.objects import ROOT_HANDLE
+from shaperd.core.ids import assign_minors
 from shaperd.kernel.events import KernelEvents
 
 from .conftest import ROOT, needs_root, run, wait_for

@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from shaperd.errors import KernelError
+from shaperd.core.errors import KernelError
 from shaperd.kernel import dcb
 from shaperd.kernel.rtnl import RtnlReader
 

@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from shaperd import config
-from shaperd.backends.htb.objects import ROOT_HANDLE
+from shaperd.core import config
+from shaperd.backends.common.objects import ROOT_HANDLE
 from shaperd.backends.htb.scopes import scope_minors
-from shaperd.backends.ids import assign_minors
+from shaperd.core.ids import assign_minors
 
 from .conftest import needs_root, run, wait_for
 from .test_core import classes, write

@@ -52,7 +52,7 @@ needs_config_gz = pytest.mark.skipif(not os.path.exists("/proc/config.gz"), reas
 
 def _no_sch_fq_here() -> bool:
     from shaperd.kernel.qdisc_kinds import ABSENT, evidence_all
-    from shaperd.roots import Roots
+    from shaperd.core.roots import Roots
 
     return evidence_all(Roots())["sch_fq"].state == ABSENT
 

@@ -20,7 +20,10 @@ from shaperd.backends.edt.backend import EdtBackend, EdtObserved
 from shaperd.backends.edt.objects import Stamper, stamper_name
 from shaperd.backends.edt.plan import EdtPlan
 from shaperd.backends.marks.ops import AddClsact
-from shaperd.kernel import bpf_maps, bpf_pins, edt_prog, tc
+from shaperd.kernel import bpf_maps
+from shaperd.kernel import bpf_pins
+from shaperd.backends.edt import kernel_stamper as edt_prog
+from shaperd.kernel import tc
 from shaperd.kernel.rtnl import RtnlReader
 from shaperd_bed import netns
 

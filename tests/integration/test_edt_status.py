@@ -20,9 +20,11 @@ import pytest
 from shaperd.backends.edt import controller
 from shaperd.backends.edt import ops as edt_ops
 from shaperd.backends.edt.objects import DEFAULT_KEY, ROOT_HANDLE, Stamper, stamper_name
-from shaperd.backends.ids import assign_minors
+from shaperd.core.ids import assign_minors
 from shaperd.backends.marks.ops import AddClsact
-from shaperd.kernel import bpf_pins, edt_prog, tc
+from shaperd.kernel import bpf_pins
+from shaperd.backends.edt import kernel_stamper as edt_prog
+from shaperd.kernel import tc
 from shaperd.kernel.rtnl import RtnlReader
 from shaperd_bed import netns
 from tests import procs

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 
 from shaperd.backends.htb.ops import CreateRoot
-from shaperd.config import load_text
-from shaperd.discovery.htb_offload import DeviceProbe
+from shaperd.core.config import load_text
+from shaperd.backends.htb.offload_probe import DeviceProbe
 from shaperd.engine.reconciler import open_node
 from shaperd.kernel.probe import probe_capabilities
 from shaperd.kernel.rtnl import RtnlReader

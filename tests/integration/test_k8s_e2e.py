@@ -16,8 +16,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from shaperd.backends.htb.objects import ROOT_HANDLE
-from shaperd.backends.ids import assign_minors
+from shaperd.backends.common.objects import ROOT_HANDLE
+from shaperd.core.ids import assign_minors
 from tests import procs
 from tests.k8s_fake import make_pod, write_kubeconfig
 

@@ -23,7 +23,7 @@ def _ask(bed, kind: str) -> tuple[str, str]:
 
 def test_htb_is_known_fq_is_not_on_this_host_and_lo_is_left_as_it_was(bed):
     from shaperd.kernel.qdisc_kinds import ABSENT, evidence_all
-    from shaperd.roots import Roots
+    from shaperd.core.roots import Roots
 
     before = _lo(bed)
     assert [q["kind"] for q in before] == ["noqueue"], before

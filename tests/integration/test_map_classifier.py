@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from pyroute2 import IPRoute
 
-from shaperd.backends.htb import mapcls
-from shaperd.backends.htb.objects import ROOT_HANDLE
-from shaperd.backends.ids import assign_minors
-from shaperd.config import load_file as load_config
+from shaperd.backends.common import mapcls
+from shaperd.backends.common.objects import ROOT_HANDLE
+from shaperd.core.ids import assign_minors
+from shaperd.core.config import load_file as load_config
 from shaperd.engine.reconciler import open_node
 from shaperd.kernel import bpf_maps
 from shaperd.kernel.probe import probe_capabilities

@@ -13,7 +13,7 @@ import errno
 
 import pytest
 
-from shaperd.config import load_text
+from shaperd.core.config import load_text
 from shaperd.engine.reconciler import Reconciler, default_backends
 from shaperd.kernel import faults, tc
 from shaperd.kernel.probe import probe_capabilities

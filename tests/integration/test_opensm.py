@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from shaperd import config
-from shaperd.backends.rdma import opensm, smcheck
-from shaperd.backends.rdma.opensm_file import option_key
-from shaperd.backends.rdma.plan import plan
-from shaperd.inventory import Inventory, RdmaPort
+from shaperd.core import config
+from shaperd.rdma import opensm
+from shaperd.rdma import smcheck
+from shaperd.rdma.opensm_file import option_key
+from shaperd.rdma.plan import plan
+from shaperd.core.inventory import Inventory, RdmaPort
 from shaperd.kernel import ib_smp
-from shaperd.tenancy import tenancy
+from shaperd.core.tenancy import tenancy
 
 from ..ibsim import IBSIM_MARKS, Fabric, missing_tools, run_group, wait_for
 

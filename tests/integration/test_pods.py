@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from shaperd.config import load_text
+from shaperd.core.config import load_text
 from shaperd.discovery.cgroups import cgroup2_root
 from shaperd.kernel import tc
 from shaperd.kernel.probe import probe_capabilities
-from shaperd.backends.htb.objects import ROOT_HANDLE
-from shaperd.backends.ids import assign_minors
+from shaperd.backends.common.objects import ROOT_HANDLE
+from shaperd.core.ids import assign_minors
 from shaperd.backends.marks.ops import SetMark
 from shaperd.engine.reconciler import Reconciler, default_backends
 from shaperd.kernel.rtnl import RtnlReader

@@ -26,17 +26,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from shaperd import config
-from shaperd.backends.rdma import opensm
-from shaperd.backends.rdma.plan import plan
+from shaperd.core import config
+from shaperd.rdma import opensm
+from shaperd.rdma.plan import plan
 from shaperd.discovery import rdma as rdma_discovery
-from shaperd.inventory import Inventory
+from shaperd.core.inventory import Inventory
 from shaperd.kernel import ib_smp
 from shaperd.report import rdma_metrics, rdma_smcheck
 from shaperd.report.metrics import Metrics
 from shaperd.report.rdma_sampler import RdmaSampler
-from shaperd.roots import Roots
-from shaperd.tenancy import tenancy
+from shaperd.core.roots import Roots
+from shaperd.core.tenancy import tenancy
 
 from ..ibsim import IBSIM_MARKS, Fabric, missing_tools, run_group, wait_for
 from ..rdma_fixture import Node

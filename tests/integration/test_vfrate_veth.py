@@ -13,15 +13,16 @@ import os
 
 from shaperd_bed import netns
 
-from shaperd import config
+from shaperd.core import config
 from shaperd.backends.vfrate.backend import VfRateBackend
 from shaperd.backends.vfrate.ops import SetVfRate
 from shaperd.engine.reconciler import Reconciler
-from shaperd.errors import KernelError
-from shaperd.inventory import Capabilities
-from shaperd.kernel import tc, vf
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Capabilities
+from shaperd.kernel import tc
+from shaperd.backends.vfrate import kernel as vf
 from shaperd.kernel.rtnl import RtnlReader
-from shaperd.roots import Roots
+from shaperd.core.roots import Roots
 
 from ..rdma_fixture import Node
 from .conftest import needs_root

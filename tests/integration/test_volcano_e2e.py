@@ -8,8 +8,8 @@ from __future__ import annotations
 import subprocess
 
 
-from shaperd.backends.htb.objects import ROOT_HANDLE
-from shaperd.backends.ids import assign_minors
+from shaperd.backends.common.objects import ROOT_HANDLE
+from shaperd.core.ids import assign_minors
 from shaperd.discovery.kubernetes.volcano import PODGROUPS, QUEUES
 from tests import procs
 from tests.k8s_fake import make_pod, write_kubeconfig

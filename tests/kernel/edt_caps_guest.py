@@ -116,11 +116,12 @@ def stamper_prog_id(reader, ifindex: int, name: str) -> int:
 
 
 def least_caps(outdir: Path) -> dict:
-    from shaperd import config
+    from shaperd.core import config
     from shaperd.backends.edt.plan import initial_q16, plan_device
-    from shaperd.backends.ids import assign_minors
-    from shaperd.inventory import Link
-    from shaperd.kernel import bpf_pins, edt_prog
+    from shaperd.core.ids import assign_minors
+    from shaperd.core.inventory import Link
+    from shaperd.kernel import bpf_pins
+    from shaperd.backends.edt import kernel_stamper as edt_prog
     from shaperd.kernel.rtnl import RtnlReader
 
     out: dict = {"sch_fq_loaded_before": loaded("sch_fq")}

@@ -158,14 +158,14 @@ def reconciler(bed: Bed):
 
 
 def classids(cfg) -> dict[str, int]:
-    from shaperd.backends.htb.objects import classid
-    from shaperd.backends.ids import assign_minors
+    from shaperd.backends.common.objects import classid
+    from shaperd.core.ids import assign_minors
 
     return {n: classid(m) for n, m in assign_minors([t.name for t in cfg.tenants]).items()}
 
 
 def apply_step(bed: Bed, dataplane: str) -> dict:
-    from shaperd import config
+    from shaperd.core import config
 
     cfg = config.load_text(tenants_yaml(dataplane))
     rec = reconciler(bed)
@@ -185,7 +185,7 @@ def apply_step(bed: Bed, dataplane: str) -> dict:
 
 def switch_step(bed: Bed) -> dict:
     """htb -> edt -> htb on one uplink, then teardown: each move lands without a failed write, resyncs are empty."""
-    from shaperd import config
+    from shaperd.core import config
 
     rec = reconciler(bed)
     out: dict = {}
@@ -273,12 +273,12 @@ def mbit(bins: dict, a: float, b: float) -> float:
 
 def isolation(bed: Bed, cfg, rec, dataplane: str, alone_s: float = 3.0, both_s: float = 4.0) -> dict:
     """bronze alone, then gold wakes up; receivers on the peer count what got through."""
-    from shaperd.engine.edt_loop import EdtLoop
+    from shaperd.backends.edt.loop import EdtLoop
 
     ids = classids(cfg)
     loop = None
     if dataplane == "edt":
-        from shaperd.engine.daemon import _edt_maps_opener
+        from shaperd.daemon.service import _edt_maps_opener
 
         loop = EdtLoop(_edt_maps_opener(bed.node))
         plan = rec.plan(cfg)
@@ -349,8 +349,8 @@ def cpu_per_packet(bed: Bed, cfg, senders: int, seconds: float = 3.0, rec=None, 
     ids = classids(cfg)
     loop = None
     if rec is not None and dataplane == "edt":
-        from shaperd.engine.daemon import _edt_maps_opener
-        from shaperd.engine.edt_loop import EdtLoop
+        from shaperd.daemon.service import _edt_maps_opener
+        from shaperd.backends.edt.loop import EdtLoop
 
         loop = EdtLoop(_edt_maps_opener(bed.node))
         loop.set_targets(rec.plan(cfg).desired["edt"].devices)
@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                     for n in (1, 2, 4):
                         attempt(out, f"cpu_{dp}_{n}", lambda: cpu_per_packet(bed, cfg, n))
                     # The same at 10 Gbit/s of capacity: nothing waits for its departure time (no pacing timers).
-                    from shaperd import config as _config
+                    from shaperd.core import config as _config
 
                     fast = _config.load_text(tenants_yaml(dp, capacity_mbit=10_000))
                     attempt(out, f"apply_fast_{dp}", lambda: rec.apply(fast).ok)

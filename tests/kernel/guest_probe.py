@@ -135,7 +135,7 @@ def main(outdir: str) -> int:
 
     from shaperd.discovery import rdma as rdma_discovery
     from shaperd.discovery import rdma_counters
-    from shaperd.roots import DEFAULT
+    from shaperd.core.roots import DEFAULT
 
     attempt(out, "sysfs", lambda: dict(zip(("devices", "notes"), rdma_discovery.discover(DEFAULT))))
     attempt(out, "sysfs_netns_exclusive", lambda: rdma_discovery.netns_exclusive(DEFAULT))

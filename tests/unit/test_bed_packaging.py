@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from shaperd import cli
+from shaperd.cli import main as cli
 
 
 def test_demo_takes_the_beds_options_when_installed():

@@ -44,7 +44,7 @@ def test_shaperd_config_matches_the_core_format():
 
 
 def test_shaperd_config_is_valid_for_the_core_loader():
-    config = pytest.importorskip("shaperd.config")
+    config = pytest.importorskip("shaperd.core.config")
     bed = Bed(BedConfig(run_id="abc123"))
     c = config.load_text(yaml.safe_dump(shaperd_config(bed, capacity_bps=990e6,
                                                       limits={"a": 990e6, "b": 990e6})))

@@ -6,7 +6,7 @@ import importlib.util
 import ipaddress
 from pathlib import Path
 
-from shaperd.config import from_dict
+from shaperd.core.config import from_dict
 
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "apply_perf.py"
 _spec = importlib.util.spec_from_file_location("apply_perf", _PATH)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from shaperd.backends.htb.backend import HtbBackend, HtbObserved
-from shaperd.backends.htb.mapcls import UnpinMapClassifier
+from shaperd.backends.common.mapcls import UnpinMapClassifier
 from shaperd.backends.htb.plan import HtbPlan
 from shaperd.kernel import bpf_pins
 

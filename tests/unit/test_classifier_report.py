@@ -2,9 +2,10 @@
 
 from types import SimpleNamespace
 
-from shaperd.backends.htb import mapcls
+from shaperd.backends.common import mapcls
 from shaperd.kernel.rtnl_rows import FilterRow, LinkRow, QdiscRow
-from shaperd.report import classifier_metrics, classifier_status
+from shaperd.backends.htb import metrics as classifier_metrics
+from shaperd.backends.common import classifier_status
 
 
 class Reader:
@@ -59,7 +60,7 @@ class OffloadReader(Reader):
 
 class Probe:
     def probe(self, links):
-        from shaperd.inventory import HtbOffloadSupport
+        from shaperd.core.inventory import HtbOffloadSupport
 
         return {l.name: HtbOffloadSupport(False, "driver virtio_net is not known to offload HTB") for l in links}
 
@@ -75,7 +76,7 @@ def test_status_says_htb_offload_on_from_the_dump_and_why_off_from_the_device_pr
 
 
 def test_status_gives_the_kernels_refusal_recorded_by_the_applying_process_before_the_device_probe():
-    from shaperd.inventory import HtbOffloadSupport
+    from shaperd.core.inventory import HtbOffloadSupport
 
     class Capable:
         def probe(self, links):

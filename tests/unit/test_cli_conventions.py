@@ -14,7 +14,11 @@ import pytest
 import structlog
 import yaml
 
-from shaperd import buildinfo, cli, cli_meta, cli_output, config
+from shaperd.core import buildinfo
+from shaperd.cli import main as cli
+from shaperd.cli import meta as cli_meta
+from shaperd.core import format as cli_output
+from shaperd.core import config
 from shaperd.backends.htb.ops import DeleteRoot
 from shaperd.engine.reconciler import PlanResult, Report, BackendOutcome, TargetOutcome
 from shaperd.report import top
@@ -72,7 +76,7 @@ def test_plan_json_holds_the_planned_objects(capsys):
 def _report(*targets: TargetOutcome, problems=False) -> Report:
     rep = Report(PlanResult(), [BackendOutcome("htb", targets=list(targets))])
     if problems:
-        from shaperd.errors import ConfigProblem
+        from shaperd.core.errors import ConfigProblem
 
         class D:
             warnings = ()
@@ -109,7 +113,7 @@ def test_diff_exits_like_kubectl_diff(monkeypatch, capsys, tmp_path, rep, code):
 
 
 def test_diff_of_an_unreadable_node_is_3_and_a_bad_file_2(monkeypatch, tmp_path):
-    from shaperd.errors import KernelError
+    from shaperd.core.errors import KernelError
 
     def boom(args):
         raise KernelError("open", "rtnetlink", "netns x", "no such namespace")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from shaperd import config
-from shaperd.cli_rdma_dcb import collect, render
+from shaperd.core import config
+from shaperd.backends.dcb.cli import collect, render
 from shaperd.kernel import dcb
-from shaperd.roots import Roots
+from shaperd.core.roots import Roots
 
 from ..rdma_fixture import Node
 from .test_dcb_plan import TWO, FakeDcb, cfg_text

@@ -7,7 +7,7 @@ import json
 import pytest
 import structlog
 
-from shaperd.cli import main
+from shaperd.cli.main import main
 from shaperd.kernel import devlink as nl
 
 from ..rdma_fixture import Node

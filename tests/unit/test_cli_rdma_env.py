@@ -8,7 +8,7 @@ import pytest
 import structlog
 import yaml
 
-from shaperd.cli import main
+from shaperd.cli.main import main
 
 from ..rdma_fixture import Node
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from shaperd import config
-from shaperd.errors import ConfigError
+from shaperd.core import config
+from shaperd.core.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -1,4 +1,4 @@
-"""The tenants file's bounds (shaperd/config_limits.py): size, expanded YAML nodes, tenant count."""
+"""The tenants file's bounds (shaperd/core/config/limits.py): size, expanded YAML nodes, tenant count."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from shaperd import config_limits
-from shaperd.backends.ids import assign_minors
-from shaperd.config import from_dict, load_file, load_text
-from shaperd.errors import ConfigError
+from shaperd.core.config import limits as config_limits
+from shaperd.core.ids import assign_minors
+from shaperd.core.config import from_dict, load_file, load_text
+from shaperd.core.errors import ConfigError
 
 GOOD = "node: {interfaces: [eth0], capacity: 10Gbps}\ntenants:\n  - {name: a, bandwidthGuarantee: 1Gbps}\n"
 

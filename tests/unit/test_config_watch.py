@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from shaperd import config_limits
+from shaperd.core.config import limits as config_limits
 from shaperd.engine import config_watch
 from shaperd.engine.config_watch import ConfigWatch, stamp
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from shaperd import config
-from shaperd.engine import daemon as daemon_mod
-from shaperd.engine.daemon import VOLCANO_SYNC_WAIT_S, Daemon
+from shaperd.core import config
+from shaperd.daemon import service as daemon_mod
+from shaperd.daemon.service import VOLCANO_SYNC_WAIT_S, Daemon
 
 CFG = config.load_text("""
 tenants:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from shaperd import config
+from shaperd.core import config
 from shaperd.backends.dcb.backend import DcbBackend
 from shaperd.engine.reconciler import Reconciler, default_backends
-from shaperd.inventory import Capabilities
-from shaperd.roots import Roots
+from shaperd.core.inventory import Capabilities
+from shaperd.core.roots import Roots
 
 from ..rdma_fixture import Node
 from .test_dcb_plan import TWO, FakeDcb, cfg_text

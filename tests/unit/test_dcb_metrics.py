@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from shaperd.backends.dcb.backend import DcbBackend
-from shaperd.report.dcb_metrics import DcbCollector
+from shaperd.backends.dcb.metrics import DcbCollector
 
 from .test_dcb_plan import TWO, FakeDcb, _ctx, _reconcile, cfg_text, inventory
 

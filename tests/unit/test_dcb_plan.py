@@ -12,19 +12,19 @@ import dataclasses
 
 from hypothesis import given, settings, strategies as st
 
-from shaperd import config
+from shaperd.core import config
 from shaperd.backends.dcb import plan as dp
 from shaperd.backends.dcb.backend import DcbBackend
 from shaperd.backends.dcb.diff import diff, maxrate_in_sync
 from shaperd.backends.dcb.ops import AddDscpApps, DeleteDscpApps, SetEts, SetMaxrate
 from shaperd.backends.dcb.render import render
-from shaperd.backends.rdma import plan as rp
-from shaperd.backends.base import PlanInput
+from shaperd.rdma import plan as rp
+from shaperd.core.protocol import PlanInput
 from shaperd.discovery import rdma
-from shaperd.inventory import Inventory, Link, RdmaDevice, RdmaPort
+from shaperd.core.inventory import Inventory, Link, RdmaDevice, RdmaPort
 from shaperd.kernel import dcb
-from shaperd.roots import Roots
-from shaperd.tenancy import tenancy
+from shaperd.core.roots import Roots
+from shaperd.core.tenancy import tenancy
 
 from ..rdma_fixture import Node
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from shaperd.cli import build_parser
+from shaperd.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,18 +16,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shaperd import config
+from shaperd.core import config
 from shaperd.backends.devlink import objects as o
 from shaperd.backends.devlink.backend import DevlinkBackend
 from shaperd.backends.devlink.diff import diff
 from shaperd.backends.devlink.plan import plan
 from shaperd.backends.devlink.render import render
 from shaperd.discovery import rdma
-from shaperd.errors import KernelError
-from shaperd.inventory import Capabilities, Inventory, RdmaDevice, RdmaPort
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Capabilities, Inventory, RdmaDevice, RdmaPort
 from shaperd.kernel import devlink as nl
-from shaperd.roots import Roots
-from shaperd.tenancy import tenancy
+from shaperd.core.roots import Roots
+from shaperd.core.tenancy import tenancy
 
 from ..rdma_fixture import Node
 

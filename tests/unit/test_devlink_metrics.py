@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from shaperd.backends.devlink.backend import DevlinkSnapshot, NodeRates
-from shaperd.report.devlink_metrics import DevlinkCollector, install
+from shaperd.backends.devlink.metrics import DevlinkCollector, install
 from shaperd.report.metrics import Metrics
 
 PF = "pci/0000:3b:00.0"

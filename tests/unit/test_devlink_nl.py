@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from shaperd.errors import KernelError
+from shaperd.core.errors import KernelError
 from shaperd.kernel import devlink as dl
 from shaperd.kernel import nlmsg
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import ipaddress
 
-from shaperd import config
+from shaperd.core import config
 from shaperd.backends.htb import plan as htb_plan
 from shaperd.backends.htb.diff import diff_device
-from shaperd.backends.htb.objects import (
+from shaperd.backends.common.objects import (
     ETH_P_ALL, ROOT_HANDLE, DeviceState, ObservedClass, ObservedFilter, RootQdisc, U32Key, classid,
 )
 from shaperd.backends.htb.observe import _with_class_chains
-from shaperd.backends.ids import assign_minors
-from shaperd.inventory import Capabilities, Inventory, Link
+from shaperd.core.ids import assign_minors
+from shaperd.core.inventory import Capabilities, Inventory, Link
 
 INV = Inventory(links=(Link("eth0", 2, speed_bps=100 * 10**9),), default_route_devices=("eth0",),
                 capabilities=Capabilities(bpf=False, leaf_kinds=frozenset({"bfifo"})))
@@ -76,7 +76,7 @@ def test_adding_a_scope_moves_no_tenant_class():
 
 def _observed(dp) -> DeviceState:
     """The kernel's view of an applied plan, u32 dump quirk included (each chain's dump lists all)."""
-    from shaperd import units
+    from shaperd.core import units
 
     st = DeviceState(device=dp.device, ifindex=dp.ifindex, root=RootQdisc("htb", ROOT_HANDLE, 2))
     for c in dp.classes:

@@ -2,7 +2,7 @@
 
 import struct
 
-from shaperd.kernel import edt_prog
+from shaperd.backends.edt import kernel_stamper as edt_prog
 
 
 def insns(code: bytes):

@@ -1,12 +1,12 @@
 """The edt rate loop on fake maps with an injected clock: it steps, writes only changed rates, survives a failure."""
 
-from shaperd import config
+from shaperd.core import config
 from shaperd.backends.edt import plan as edt_plan
 from shaperd.backends.edt.controller import ns_per_byte_q16
 from shaperd.backends.edt.objects import DEFAULT_KEY, Stats
-from shaperd.engine.edt_loop import EdtLoop
-from shaperd.inventory import Capabilities, Inventory, Link
-from shaperd.tenancy import tenancy
+from shaperd.backends.edt.loop import EdtLoop
+from shaperd.core.inventory import Capabilities, Inventory, Link
+from shaperd.core.tenancy import tenancy
 
 G = 1_000_000_000
 
@@ -98,7 +98,7 @@ def test_a_failing_device_is_reported_and_reopened():
 def test_metrics_show_each_tenants_rate_and_measurement_and_a_failing_device():
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from shaperd.report.edt_metrics import EdtCollector
+    from shaperd.backends.edt.metrics import EdtCollector
 
     dp = device_plan()
     maps = FakeMaps()

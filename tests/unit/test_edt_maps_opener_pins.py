@@ -4,8 +4,8 @@ pins into (the "edt-stamper" part of the reconciler's scope) when the probe chos
 from __future__ import annotations
 
 from shaperd.backends.edt.backend import EdtBackend
-from shaperd.engine import daemon
-from shaperd.inventory import Capabilities
+from shaperd.daemon import service as daemon
+from shaperd.core.inventory import Capabilities
 from shaperd.kernel import bpf_pins
 
 

@@ -1,17 +1,17 @@
 """The edt backend's pure planner and diff: what it plans per uplink, and what a resync writes (nothing in sync)."""
 
-from shaperd import config
+from shaperd.core import config
 from shaperd.backends.edt import plan as edt_plan
 from shaperd.backends.edt.backend import EdtBackend, EdtObserved
 from shaperd.backends.edt.diff import diff_device
 from shaperd.backends.edt.objects import DEFAULT_KEY, PRIO_STAMPER, ROOT_HANDLE, EdtDeviceState
 from shaperd.backends.edt.ops import DeleteRoot, DeleteStamper, SetFq, SetRoot, SetStamper
-from shaperd.backends.htb.mapcls import AttachMapClassifier, DetachMapClassifier, ObservedMapClassifier
-from shaperd.backends.htb.objects import ROOT_HANDLE as HTB_ROOT
-from shaperd.backends.ids import assign_minors
+from shaperd.backends.common.mapcls import AttachMapClassifier, DetachMapClassifier, ObservedMapClassifier
+from shaperd.backends.common.objects import ROOT_HANDLE as HTB_ROOT
+from shaperd.core.ids import assign_minors
 from shaperd.backends.marks.ops import AddClsact
-from shaperd.inventory import Capabilities, Inventory, Link
-from shaperd.tenancy import tenancy
+from shaperd.core.inventory import Capabilities, Inventory, Link
+from shaperd.core.tenancy import tenancy
 
 CAPS = Capabilities(bpf=True, bpf_maps=True, fq=True, mq=True)
 G = 1_000_000_000
@@ -177,7 +177,7 @@ def test_classification_lists_configured_prefixes_then_pod_addresses_each_networ
     from ipaddress import ip_network
 
     from shaperd.backends.htb.plan import classification
-    from shaperd.inventory import Pod
+    from shaperd.core.inventory import Pod
 
     c = _scoped_cfg()
     minors = assign_minors(["train", "batch"])

@@ -6,19 +6,19 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, field
 
-from shaperd import config
-from shaperd.backends.base import ApplyResult, BackendStats, TargetDiff
+from shaperd.core import config
+from shaperd.core.protocol import ApplyResult, BackendStats, TargetDiff
 from shaperd.backends.edt import backend as edt_backend
 from shaperd.backends.edt.backend import EdtBackend
 from shaperd.backends.edt.objects import FqQdisc, Stamper
 from shaperd.backends.edt.ops import DeleteRoot, SetFq, SetRoot, SetStamper
 from shaperd.backends.edt.refusals import Refusals, refusal_of
-from shaperd.backends.edt.select import select
+from shaperd.core.dataplane import select
 from shaperd.backends.marks.ops import AddClsact
 from shaperd.engine.reconciler import Reconciler
-from shaperd.inventory import Capabilities, Inventory, Link
+from shaperd.core.inventory import Capabilities, Inventory, Link
 from shaperd.kernel.rtnl_rows import LinkRow
-from shaperd.roots import Roots
+from shaperd.core.roots import Roots
 
 UNKNOWN = "No such file or directory (Specified qdisc kind is unknown)"  # tc._cause of the kernel's answer
 KW = dict(device="up0", ifindex=7)
@@ -159,7 +159,7 @@ class Plane:
     seen_refused: list = field(default_factory=list)
 
     def probe(self, caps):
-        from shaperd.backends.base import Support
+        from shaperd.core.protocol import Support
         return Support(True)
 
     def plan(self, ctx):
@@ -213,7 +213,7 @@ def test_engine_replans_at_once_after_a_refusal_then_stays_put(tmp_path):
 def test_the_refusal_is_a_metric_per_device():
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from shaperd.report.edt_metrics import EdtCollector
+    from shaperd.backends.edt.metrics import EdtCollector
 
     be = EdtBackend(writer=None)
     reg = CollectorRegistry()
@@ -226,7 +226,7 @@ def test_the_refusal_is_a_metric_per_device():
 def test_the_refusals_file_for_status_follows_the_memory(tmp_path):
     from argparse import Namespace
 
-    from shaperd.report import edt_refused
+    from shaperd.engine import refusals_file as edt_refused
 
     path = edt_refused.path_for(tmp_path, None)
     assert path == tmp_path / "shaperd" / "refused-host.json"

@@ -2,11 +2,11 @@
 
 import pytest
 
-from shaperd import config
+from shaperd.core import config
 from shaperd.backends.htb.plan import plan as htb_plan
-from shaperd.errors import ConfigError
-from shaperd.inventory import Capabilities, Inventory, Link
-from shaperd.tenancy import tenancy
+from shaperd.core.errors import ConfigError
+from shaperd.core.inventory import Capabilities, Inventory, Link
+from shaperd.core.tenancy import tenancy
 
 EDT_KERNEL = Capabilities(bpf=True, bpf_maps=True, fq=True, mq=True, leaf_kinds=frozenset({"fq_codel"}))
 NO_FQ = Capabilities(bpf=True, fq=False, mq=True)

@@ -12,7 +12,7 @@ from shaperd.backends.edt.diff import stale_stamper_pins
 from shaperd.backends.edt.objects import EdtDevicePlan, FqQdisc, Stamper
 from shaperd.backends.edt.ops import UnpinStamper
 from shaperd.backends.edt.plan import EdtPlan
-from shaperd.backends.htb.mapcls import UnpinMapClassifier
+from shaperd.backends.common.mapcls import UnpinMapClassifier
 from shaperd.kernel import bpf_pins
 
 DP = EdtDevicePlan("up0", 7, 10_000_000_000, 1, "fq", (FqQdisc(0xFFFFFFFF, 0x73650000, 10000, 100, 2000, True),),

@@ -13,14 +13,18 @@ import json
 import pytest
 import structlog
 
-from shaperd import cli, config
-from shaperd.backends.base import ClassTarget
+from shaperd.cli import main as cli
+from shaperd.core import config
+from shaperd.core.protocol import ClassTarget
 from shaperd.backends.edt import controller
 from shaperd.backends.edt.objects import DEFAULT_KEY, PRIO_STAMPER, ROOT_HANDLE, Stats
-from shaperd.backends.ids import assign_minors
-from shaperd.kernel import bpf_maps, bpf_pins, edt_prog
+from shaperd.core.ids import assign_minors
+from shaperd.kernel import bpf_maps
+from shaperd.kernel import bpf_pins
+from shaperd.backends.edt import kernel_stamper as edt_prog
 from shaperd.kernel.rtnl_rows import FilterRow, LinkRow, QdiscRow
-from shaperd.report import edt_status, top
+from shaperd.backends.edt import status as edt_status
+from shaperd.report import top
 from shaperd.report.sampler import Accumulator
 
 M = 1_000_000
@@ -204,7 +208,7 @@ def test_an_edt_root_without_the_stamper_is_reported_not_shown_as_idle():
 
 
 def test_a_device_whose_filters_cannot_be_dumped_is_reported_and_the_others_still_show():
-    from shaperd.errors import KernelError
+    from shaperd.core.errors import KernelError
 
     reader = Reader()
     dump = reader.filters
@@ -294,7 +298,9 @@ def test_a_pin_of_another_program_is_not_bypassed_by_id(tmp_path, monkeypatch):
 def _status(monkeypatch, tmp_path, maps_by_dev):
     """cli status with the kernel faked: no HTB class, no RDMA, no NIC sections; the edt maps injected."""
     from shaperd.kernel import rtnl
-    from shaperd.report import classifier_status, nic_status, status
+    from shaperd.backends.common import classifier_status
+    from shaperd.report import nic_status
+    from shaperd.report import status
 
     monkeypatch.setattr(rtnl, "RtnlReader", lambda netns=None, **kw: Reader())
     monkeypatch.setattr(status, "sample", lambda reader: {})

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from shaperd import config
-from shaperd.backends.base import ApplyResult, BackendStats, ClassTarget, Operation, Support, TargetDiff
+from shaperd.core import config
+from shaperd.core.protocol import ApplyResult, BackendStats, ClassTarget, Operation, Support, TargetDiff
 from shaperd.engine.reconciler import Reconciler
-from shaperd.errors import KernelError
-from shaperd.inventory import Capabilities
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Capabilities
 from shaperd.kernel.rtnl_rows import LinkRow
-from shaperd.roots import Roots
+from shaperd.core.roots import Roots
 
 CFG = config.load_text("tenants:\n  - {name: a, bandwidthGuarantee: 1Gbps}\n")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 
 from shaperd.backends.htb import ops as htb
-from shaperd.engine.daemon import _worth_retrying
+from shaperd.daemon.service import _worth_retrying
 from shaperd.engine.reconciler import BackendOutcome, PlanResult, Report, TargetOutcome
 
 OP = htb.DeleteClass(device="up0", ifindex=3, classid=0x73680010)

@@ -11,7 +11,7 @@ import os
 
 from hypothesis import HealthCheck, given, settings
 
-from shaperd.roots import Roots
+from shaperd.core.roots import Roots
 from tests import fuzz_inputs as fz
 
 BUDGET = settings(max_examples=int(os.environ.get("SHAPERD_FUZZ_EXAMPLES", "200")), deadline=None,

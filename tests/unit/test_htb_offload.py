@@ -3,21 +3,21 @@ a kernel refusal falling back to software HTB, and an in-sync offloaded tree sen
 
 import errno
 
-from shaperd import config
-from shaperd.backends.base import ApplyResult, PlanInput
-from shaperd.backends.htb import mapcls
+from shaperd.core import config
+from shaperd.core.protocol import ApplyResult, PlanInput
+from shaperd.backends.common import mapcls
 from shaperd.backends.htb.backend import HtbBackend, OffloadRefused
 from shaperd.backends.htb.diff import diff_device
-from shaperd.backends.htb.objects import (DEFAULT_CLASS_MINOR, ROOT_HANDLE, DeviceState, ObservedClass,
+from shaperd.backends.common.objects import (DEFAULT_CLASS_MINOR, ROOT_HANDLE, DeviceState, ObservedClass,
                                           RootQdisc, classid)
 from shaperd.backends.htb.offload import MLX5_MAX_LEAVES, mlx5_bw_share, verdict
 from shaperd.backends.htb.ops import CreateClass, CreateRoot, DeleteRoot
 from shaperd.backends.htb.plan import plan
 from shaperd.backends.htb.render import render
-from shaperd.errors import KernelError
-from shaperd.inventory import Capabilities, HtbOffloadSupport, Inventory, Link
-from shaperd.tenancy import tenancy
-from shaperd import units
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Capabilities, HtbOffloadSupport, Inventory, Link
+from shaperd.core.tenancy import tenancy
+from shaperd.core import units
 
 MAPS = Capabilities(bpf=True, bpf_maps=True, bpf_adopt="id")
 CAPABLE = HtbOffloadSupport(True, "mlx5_core, hw-tc-offload on", "mlx5_core")
@@ -183,7 +183,7 @@ def test_an_offload_mismatch_replaces_the_root_and_says_so():
 
 def test_the_reconciler_probes_only_the_uplinks_and_nothing_when_offload_is_off(tmp_path):
     from shaperd.engine.reconciler import Reconciler
-    from shaperd.roots import Roots
+    from shaperd.core.roots import Roots
 
     from .test_engine import FakeReader
 
@@ -210,7 +210,7 @@ def test_the_reconciler_probes_only_the_uplinks_and_nothing_when_offload_is_off(
 def test_a_refused_offload_is_retried_soon_by_the_daemon_an_ordinary_refusal_is_not():
     from types import SimpleNamespace
 
-    from shaperd.engine.daemon import _worth_retrying
+    from shaperd.daemon.service import _worth_retrying
 
     op = CreateRoot(device="eth0", ifindex=2, root=device(cfg(), inv())[0].root)
     plain = op.error("Operation not supported", errno.EOPNOTSUPP)

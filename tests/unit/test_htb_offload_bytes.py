@@ -19,13 +19,13 @@ import os
 import struct
 from pathlib import Path
 
-from shaperd.backends.htb.objects import HtbRoot
+from shaperd.backends.common.objects import HtbRoot
 from shaperd.backends.htb.ops import CreateRoot
-from shaperd.discovery import htb_offload as probe_mod
-from shaperd.inventory import Inventory, Link
+from shaperd.backends.htb import offload_probe as probe_mod
+from shaperd.core.inventory import Inventory, Link
 from shaperd.kernel import devlink, ethtool_features, nlmsg, rtnl_rows, tc
 from shaperd.kernel.ethtool_features import Features
-from shaperd.roots import Roots
+from shaperd.core.roots import Roots
 
 from ..strace_dump import received, sent
 
@@ -141,7 +141,7 @@ def test_the_device_probe_on_a_fixture_sysfs(tmp_path):
         os.symlink(drivers / drv, d / "driver")
     on = Features(frozenset({"hw-tc-offload", "tx-scatter-gather"}), frozenset({"hw-tc-offload"}))
     off = Features(frozenset({"tx-scatter-gather"}), frozenset({"hw-tc-offload"}))
-    from shaperd.errors import KernelError
+    from shaperd.core.errors import KernelError
 
     nl = FakeNl({"eth0": on, "eth1": off, "eth2": on,
                  "v0": KernelError("read", "ethtool features", "v0", "No such device", errno.ENODEV)})

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from shaperd import config
-from shaperd.backends.rdma import opensm, smcheck
-from shaperd.backends.rdma.plan import plan
-from shaperd.inventory import Inventory
+from shaperd.core import config
+from shaperd.rdma import opensm
+from shaperd.rdma import smcheck
+from shaperd.rdma.plan import plan
+from shaperd.core.inventory import Inventory
 from shaperd.kernel import ib_smp
-from shaperd.tenancy import tenancy
+from shaperd.core.tenancy import tenancy
 
 from ..ibsim import wait_for
 

@@ -29,7 +29,7 @@ def ignored(path: str) -> bool:
 
 def test_the_build_context_is_the_wheelhouse_and_the_license_only():
     for p in (".git/config", ".venv/bin/python", "tests/unit/test_x.py", "bench/apply_perf.py",
-              "testbed/pyproject.toml", "shaperd/cli.py", "README.md", "build/lib/shaperd/cli.py"):
+              "testbed/pyproject.toml", "shaperd/cli/main.py", "README.md", "build/lib/shaperd/cli.py"):
         assert ignored(p), p
     assert not ignored("build/wheelhouse/shaperd-0.1.0-py3-none-any.whl") and not ignored("LICENSE")
     for src in re.findall(r"^COPY (?!--from)(\S+)", CF, re.M):

@@ -14,7 +14,7 @@ from shaperd.discovery.kubernetes import (
     TransientKubernetesError,
     map_api_error,
 )
-from shaperd.errors import DiscoveryError
+from shaperd.core.errors import DiscoveryError
 
 
 def wire(**over) -> dict:

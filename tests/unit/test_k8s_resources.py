@@ -10,7 +10,7 @@ import yaml
 
 from shaperd.discovery.kubernetes.configmap import ConfigMapSource, parse_ref
 from shaperd.discovery.kubernetes.resources import ResourceWatcher
-from shaperd.errors import ConfigError
+from shaperd.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 CMS = "/api/v1/namespaces/kubeflow/configmaps"
@@ -114,7 +114,7 @@ CNPS = "/apis/cilium.io/v2/ciliumnetworkpolicies"
 
 
 def test_cilium_policies_from_the_cluster_add_scopes_and_a_bad_one_costs_nobody(api):
-    from shaperd import config
+    from shaperd.core import config
     from shaperd.discovery.kubernetes.ciliumpolicies import CiliumPolicyView
 
     def cnp(name, labels, rule):

@@ -96,7 +96,7 @@ def test_one_request_and_no_delete_unless_accepted(code, state):
 
 
 def test_a_socket_that_cannot_open_is_no_answer():
-    from shaperd.errors import KernelError
+    from shaperd.core.errors import KernelError
 
     def refuse():
         raise KernelError("open", "rtnetlink socket", "this namespace", "Operation not permitted", errno.EPERM)

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shaperd import config
-from shaperd.cli import build_parser
+from shaperd.core import config
+from shaperd.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DS = ROOT / "daemonset"
@@ -237,8 +237,8 @@ def test_the_agent_is_hardened_and_each_capability_is_needed(rendered):
     assert spec["priorityClassName"] == "system-node-critical" and {"operator": "Exists"} in spec["tolerations"]
     assert all("mountPropagation" not in m for m in c["volumeMounts"])
     # The probe's evidence of sch_fq/mq without SYS_ADMIN (kernel/qdisc_kinds.py): the host's module tree,
-    # read-only, where Roots() reads it (shaperd/roots.py).
-    from shaperd.roots import Roots
+    # read-only, where Roots() reads it (shaperd/core/roots.py).
+    from shaperd.core.roots import Roots
 
     mods = next(m for m in c["volumeMounts"] if m["mountPath"] == str(Roots().modules))
     assert mods.get("readOnly") is True

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shaperd import config
-from shaperd.errors import ConfigError
+from shaperd.core import config
+from shaperd.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "examples" / "kubeflow-source-design.yaml"

@@ -3,8 +3,8 @@
 import ipaddress
 import struct
 
-from shaperd.backends.htb import mapcls
-from shaperd.backends.htb.objects import DstScope
+from shaperd.backends.common import mapcls
+from shaperd.backends.common.objects import DstScope
 
 n = ipaddress.ip_network
 

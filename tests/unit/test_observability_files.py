@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shaperd.config import load_text
+from shaperd.core.config import load_text
 from shaperd.report.metrics import Metrics
 from shaperd.report.sampler import Sampler, Target
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import structlog
 
-from shaperd import cli
-from shaperd.backends.rdma import opensm
-from shaperd.opensm_host import DEFAULT_OPENSM_CONFIG, config_of
+from shaperd.cli import main as cli
+from shaperd.rdma import opensm
+from shaperd.rdma.opensm_host import DEFAULT_OPENSM_CONFIG, config_of
 
 from ..ibsim import wait_for
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shaperd.backends.rdma import opensm
-from shaperd.backends.rdma.opensm_file import OptionsFileError, merge, option_key
+from shaperd.rdma import opensm
+from shaperd.rdma.opensm_file import OptionsFileError, merge, option_key
 
 GENERATED = (Path(__file__).parent / "fixtures" / "opensm" / "opensm-3.3.23.conf").read_text()
 BLOCK = f"{opensm.BEGIN_MARK} (test)\nqos TRUE\nqos_sl2vl 0,1,2,2,2,2,2,2,2,2,2,2,2,2,2,2\n{opensm.END_MARK}\n"

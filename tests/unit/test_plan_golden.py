@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from shaperd import config
-from shaperd.backends.base import PlanInput
+from shaperd.core import config
+from shaperd.core.protocol import PlanInput
 from shaperd.backends.htb import plan as htb_plan
 from shaperd.backends.htb.render import render
 from shaperd.backends.marks import plan as marks_plan
-from shaperd.inventory import Capabilities, CgroupRef, Inventory, Link, Pod
-from shaperd.tenancy import tenancy
+from shaperd.core.inventory import Capabilities, CgroupRef, Inventory, Link, Pod
+from shaperd.core.tenancy import tenancy
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures" / "plan"

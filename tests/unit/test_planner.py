@@ -5,14 +5,14 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from shaperd import config
-from shaperd.backends import ids
+from shaperd.core import config
+from shaperd.core import ids
 from shaperd.backends.htb import ops, plan as planner
 from shaperd.backends.htb import ops as ops_mod
 from shaperd.backends.htb.diff import diff_device, diff_teardown
 from shaperd.backends.htb.render import render
-from shaperd.inventory import Capabilities, Inventory, Link
-from shaperd.backends.htb.objects import (
+from shaperd.core.inventory import Capabilities, Inventory, Link
+from shaperd.backends.common.objects import (
     DEFAULT_CLASS_MINOR, HANDLE_MAJOR, ROOT_HANDLE, DeviceState, ObservedClass, ObservedFilter, RootQdisc,
     U32Filter, classid, src_prefix_keys,
 )

@@ -3,14 +3,15 @@
 import dataclasses
 import ipaddress
 
-from shaperd import config
-from shaperd.backends.htb import mapcls, plan as planner
+from shaperd.core import config
+from shaperd.backends.common import mapcls
+from shaperd.backends.htb import plan as planner
 from shaperd.backends.htb.diff import diff_device
-from shaperd.backends.htb.objects import (
+from shaperd.backends.common.objects import (
     DstScope, DeviceState, RootQdisc, ROOT_HANDLE, U32Filter, classid,
 )
 from shaperd.backends.htb.render import render
-from shaperd.inventory import Capabilities, Inventory, Link
+from shaperd.core.inventory import Capabilities, Inventory, Link
 
 G = 10**9
 SOURCE = """
@@ -72,7 +73,7 @@ def test_fresh_device_gets_one_attach_and_render_names_the_classifier():
 
 def test_adopted_in_sync_classifier_and_tree_diff_to_nothing():
     _, ebpf = plans()
-    from shaperd.backends.htb.objects import ObservedClass, LeafQdisc  # noqa: F401
+    from shaperd.backends.common.objects import ObservedClass, LeafQdisc  # noqa: F401
     observed = DeviceState("eth0", 2, RootQdisc("htb", ROOT_HANDLE, 2))
     for c in ebpf.classes:
         k = c.kernel_fields()

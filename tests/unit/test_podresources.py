@@ -23,8 +23,8 @@ import grpc
 import pytest
 from structlog.testing import capture_logs
 
-from shaperd import config
-from shaperd.backends.rdma import plan as rdma_plan
+from shaperd.core import config
+from shaperd.rdma import plan as rdma_plan
 from shaperd.discovery import rdma as rdma_mod
 from shaperd.discovery.kubernetes import PodInfo
 from shaperd.discovery.podresources import api_pb2, api_pb2_grpc
@@ -32,10 +32,10 @@ from shaperd.discovery.podresources.client import PodResourcesClient, PodResourc
 from shaperd.discovery.podresources.model import from_reply
 from shaperd.discovery.podresources.source import STALE_AFTER, PodResourcesSource, rdma_assignments
 from shaperd.engine.reconciler import Reconciler
-from shaperd.inventory import Capabilities, Inventory, Pod
+from shaperd.core.inventory import Capabilities, Inventory, Pod
 from shaperd.kernel.rtnl_rows import LinkRow
-from shaperd.roots import Roots
-from shaperd.tenancy import tenancy
+from shaperd.core.roots import Roots
+from shaperd.core.tenancy import tenancy
 
 from ..rdma_fixture import Node
 
@@ -372,7 +372,7 @@ def test_the_reconciler_fills_pods_rdma_devices_and_notes(tmp_path):
 
 
 def test_run_has_a_no_pod_resources_flag():
-    from shaperd.cli import build_parser
+    from shaperd.cli.main import build_parser
 
     assert build_parser().parse_args(["run", "--no-pod-resources"]).no_pod_resources is True
     assert build_parser().parse_args(["run"]).no_pod_resources is False

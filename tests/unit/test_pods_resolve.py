@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from shaperd.discovery import pods
-from shaperd.errors import KernelError
-from shaperd.inventory import Link
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Link
 from shaperd.kernel.rtnl_rows import RouteRow
 
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from shaperd.backends.edt.select import edt_missing
-from shaperd.kernel import bpf, bpf_classify, edt_prog, probe
-from shaperd.roots import Roots
+from shaperd.core.dataplane import edt_missing
+from shaperd.kernel import bpf
+from shaperd.backends.common import kernel_classifier as bpf_classify
+from shaperd.backends.edt import kernel_stamper as edt_prog
+from shaperd.kernel import probe
+from shaperd.core.roots import Roots
 
 
 def _empty(tmp_path) -> Roots:

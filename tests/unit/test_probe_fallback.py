@@ -8,7 +8,10 @@ import errno
 
 import pytest
 
-from shaperd.kernel import bpf, bpf_classify, edt_prog, probe
+from shaperd.kernel import bpf
+from shaperd.backends.common import kernel_classifier as bpf_classify
+from shaperd.backends.edt import kernel_stamper as edt_prog
+from shaperd.kernel import probe
 
 
 @pytest.fixture

@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shaperd import config
+from shaperd.core import config
 from shaperd.backends.dcb.backend import DcbBackend
 from shaperd.backends.devlink.backend import DevlinkSnapshot, NodeRates
-from shaperd.report import dcb_metrics, devlink_metrics, vfrate_metrics
+from shaperd.backends.dcb import metrics as dcb_metrics
+from shaperd.backends.devlink import metrics as devlink_metrics
+from shaperd.backends.vfrate import metrics as vfrate_metrics
 
 from .test_dcb_plan import TWO, FakeDcb, _ctx, _reconcile, cfg_text, inventory
 from .test_rdma_metrics import setup_metrics
@@ -66,7 +68,7 @@ def full_exposition(tmp_path, rig) -> str:  # noqa: F811
     _reconcile(dcb, _ctx(inv, cfg_text(TWO)), inv)
     dcb_metrics.install(m, [dcb])
     from shaperd.backends.htb.backend import HtbBackend
-    from shaperd.report import classifier_metrics
+    from shaperd.backends.htb import metrics as classifier_metrics
 
     htb = HtbBackend(writer=None)
     htb.classifier_paths, htb.offload = {"eth0": "ebpf"}, {"eth0": (True, "mlx5_core, hw-tc-offload on")}

@@ -7,12 +7,15 @@ import gzip
 
 import pytest
 
-from shaperd.backends.edt.select import edt_missing, select
-from shaperd.config import load_text
-from shaperd.inventory import Link
-from shaperd.kernel import bpf, bpf_classify, edt_prog, probe
+from shaperd.core.dataplane import edt_missing, select
+from shaperd.core.config import load_text
+from shaperd.core.inventory import Link
+from shaperd.kernel import bpf
+from shaperd.backends.common import kernel_classifier as bpf_classify
+from shaperd.backends.edt import kernel_stamper as edt_prog
+from shaperd.kernel import probe
 from shaperd.kernel.qdisc_kinds import ABSENT, PRESENT, UNKNOWN, evidence_all
-from shaperd.roots import Roots
+from shaperd.core.roots import Roots
 
 REL = "6.1.0-57-amd64"
 
@@ -189,7 +192,7 @@ def test_no_answer_keeps_unknown_and_says_what_the_kernel_answered(monkeypatch, 
 
 
 def test_the_cli_flags_point_the_evidence_at_other_trees(tmp_path):
-    from shaperd import cli
+    from shaperd.cli import main as cli
 
     r = tree(tmp_path, builtin=[], dep=["kernel/net/sched/sch_fq.ko:"])
     args = cli.build_parser().parse_args(["plan", "--procfs-root", str(r.proc), "--sysfs-root", str(r.sys),

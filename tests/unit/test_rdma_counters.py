@@ -10,7 +10,7 @@ from shaperd.discovery import rdma as rdma_discovery
 from shaperd.discovery import rdma_counters as rc
 from shaperd.report.rdma_accounting import PortTarget, RdmaAccumulator
 from shaperd.report.rdma_sampler import RdmaSampler, RdmaSamplerSettings, targets_of
-from shaperd.roots import Roots
+from shaperd.core.roots import Roots
 
 from ..rdma_fixture import Node
 

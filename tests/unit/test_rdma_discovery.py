@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shaperd.discovery import rdma
-from shaperd.roots import Roots
+from shaperd.core.roots import Roots
 
 from ..rdma_fixture import ROCE_V2_MAPPED, Node
 

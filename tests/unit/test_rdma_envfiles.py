@@ -13,15 +13,16 @@ import stat
 
 import pytest
 
-from shaperd import config
-from shaperd.backends.base import PlanInput
-from shaperd.backends.rdma import envfiles, nccl
-from shaperd.backends.rdma.backend import RdmaBackend
-from shaperd.backends.rdma.ops import DeleteEnvFile, WriteEnvFile
+from shaperd.core import config
+from shaperd.core.protocol import PlanInput
+from shaperd.backends.nccl import envfiles
+from shaperd.rdma import nccl
+from shaperd.backends.nccl.backend import RdmaBackend
+from shaperd.backends.nccl.ops import DeleteEnvFile, WriteEnvFile
 from shaperd.engine.reconciler import Reconciler, default_backends
-from shaperd.inventory import Capabilities
-from shaperd.roots import Roots
-from shaperd.tenancy import tenancy
+from shaperd.core.inventory import Capabilities
+from shaperd.core.roots import Roots
+from shaperd.core.tenancy import tenancy
 
 from ..rdma_fixture import Node
 from .test_engine import FakeReader
@@ -156,7 +157,7 @@ def test_an_unreadable_directory_is_the_targets_error_and_nothing_is_written(rig
 def test_a_failed_write_names_the_file_and_the_cause_and_the_next_reconcile_retries(rig, monkeypatch):
     import errno
 
-    from shaperd.backends.rdma import backend as backend_mod
+    from shaperd.backends.nccl import backend as backend_mod
 
     def full(path, data, mode):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -15,7 +15,7 @@ from shaperd.report import rdma_metrics
 from shaperd.report.metrics import Metrics
 from shaperd.report.rdma_sampler import RdmaSampler, targets_of
 from shaperd.report.sampler import Sampler, Target
-from shaperd.roots import Roots
+from shaperd.core.roots import Roots
 
 from ..rdma_fixture import Node
 
@@ -141,10 +141,10 @@ def test_before_the_first_rdma_sample_the_collector_says_so(tmp_path):
 def test_the_daemon_takes_ports_from_the_reconciles_inventory_and_owners_from_the_rdma_plan(tmp_path):
     from types import SimpleNamespace
 
-    from shaperd import config
-    from shaperd.engine.daemon import rdma_targets
-    from shaperd.inventory import Inventory
-    from shaperd.tenancy import tenancy
+    from shaperd.core import config
+    from shaperd.daemon.service import rdma_targets
+    from shaperd.core.inventory import Inventory
+    from shaperd.core.tenancy import tenancy
 
     node = Node(tmp_path).build()
     devs, notes = rdma_discovery.discover(Roots.of(sys=str(node.sys)))

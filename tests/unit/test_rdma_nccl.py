@@ -12,13 +12,13 @@ import subprocess
 
 import yaml
 
-from shaperd import config
-from shaperd.backends.rdma import nccl
-from shaperd.backends.rdma import plan as rp
+from shaperd.core import config
+from shaperd.rdma import nccl
+from shaperd.rdma import plan as rp
 from shaperd.discovery import rdma
-from shaperd.inventory import Inventory
-from shaperd.roots import Roots
-from shaperd.tenancy import tenancy
+from shaperd.core.inventory import Inventory
+from shaperd.core.roots import Roots
+from shaperd.core.tenancy import tenancy
 
 from ..rdma_fixture import Node
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from shaperd.errors import KernelError
+from shaperd.core.errors import KernelError
 from shaperd.kernel import nlmsg, rdma_nl
 
 from .. import strace_dump

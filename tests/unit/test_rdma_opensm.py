@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shaperd import config
-from shaperd.backends.rdma import opensm
-from shaperd.backends.rdma.plan import plan
-from shaperd.inventory import Inventory
-from shaperd.tenancy import tenancy
+from shaperd.core import config
+from shaperd.rdma import opensm
+from shaperd.rdma.plan import plan
+from shaperd.core.inventory import Inventory
+from shaperd.core.tenancy import tenancy
 
 FOUR = """
 node: {capacity: 100Gbps, reserve: 1Gbps}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from shaperd import config
-from shaperd.backends.rdma import plan as rp
+from shaperd.core import config
+from shaperd.rdma import plan as rp
 from shaperd.discovery import rdma
-from shaperd.inventory import Inventory
-from shaperd.roots import Roots
-from shaperd.tenancy import tenancy
+from shaperd.core.inventory import Inventory
+from shaperd.core.roots import Roots
+from shaperd.core.tenancy import tenancy
 
 from ..rdma_fixture import Node
 

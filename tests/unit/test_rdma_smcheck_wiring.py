@@ -12,16 +12,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from shaperd import cli, config
-from shaperd.backends.rdma.plan import plan
+from shaperd.cli import main as cli
+from shaperd.core import config
+from shaperd.rdma.plan import plan
 from shaperd.discovery import rdma as rdma_discovery
-from shaperd.inventory import Inventory
+from shaperd.core.inventory import Inventory
 from shaperd.kernel import ib_smp
 from shaperd.report import rdma_metrics, rdma_smcheck, rdma_status
 from shaperd.report.metrics import Metrics
 from shaperd.report.rdma_sampler import RdmaSampler
-from shaperd.roots import Roots
-from shaperd.tenancy import tenancy
+from shaperd.core.roots import Roots
+from shaperd.core.tenancy import tenancy
 
 from ..rdma_fixture import Node
 
@@ -254,7 +255,7 @@ def test_a_bug_in_the_check_becomes_a_log_line_not_a_dead_thread(node):
 def test_the_daemon_hands_the_reconciles_inventory_to_the_checker(node):
     from types import SimpleNamespace
 
-    from shaperd.engine.daemon import Daemon
+    from shaperd.daemon.service import Daemon
 
     cfg, inv, rplan = inputs(node)
     d = Daemon("/nonexistent", None)

@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
-from shaperd import cli
+from shaperd.cli import main as cli
 from shaperd.kernel import rdma_nl
 from shaperd.report import rdma_status, rdma_view, top
-from shaperd.roots import Roots
+from shaperd.core.roots import Roots
 
 from ..rdma_fixture import Node
 

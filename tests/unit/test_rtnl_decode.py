@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from shaperd.discovery import pods
-from shaperd.errors import KernelError
+from shaperd.core.errors import KernelError
 from shaperd.kernel import bpf, nlmsg, rtnl
 from shaperd.kernel import rtnl_rows as rows
 from shaperd.kernel.rtnl import RtnlReader

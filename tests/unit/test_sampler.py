@@ -225,7 +225,7 @@ def test_error_kinds_of_a_report_and_of_an_exception():
     from types import SimpleNamespace as NS
 
     from shaperd.discovery.kubernetes import TransientKubernetesError
-    from shaperd.errors import ConfigProblem, KernelError
+    from shaperd.core.errors import ConfigProblem, KernelError
     from shaperd.report.metrics import exception_kind, report_error_kinds
 
     dev = lambda error=None, failed=(), blocked=None: NS(error=error, failed=failed, blocked=blocked)  # noqa: E731

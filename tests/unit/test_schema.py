@@ -7,8 +7,8 @@ import jsonschema
 import pytest
 import yaml
 
-from shaperd import config
-from shaperd.errors import ConfigError
+from shaperd.core import config
+from shaperd.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "schema" / "traffic-shaping.schema.json").read_text())

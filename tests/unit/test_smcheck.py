@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shaperd import config
-from shaperd.backends.rdma import opensm, smcheck
-from shaperd.backends.rdma.plan import plan
+from shaperd.core import config
+from shaperd.rdma import opensm
+from shaperd.rdma import smcheck
+from shaperd.rdma.plan import plan
 from shaperd.discovery import rdma
-from shaperd.inventory import Inventory, RdmaPort
+from shaperd.core.inventory import Inventory, RdmaPort
 from shaperd.kernel import ib_smp
-from shaperd.roots import Roots
-from shaperd.tenancy import tenancy
+from shaperd.core.roots import Roots
+from shaperd.core.tenancy import tenancy
 
 from ..rdma_fixture import Node
 

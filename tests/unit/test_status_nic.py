@@ -13,11 +13,11 @@ import json
 import pytest
 import structlog
 
-from shaperd import config
-from shaperd.errors import KernelError
+from shaperd.core import config
+from shaperd.core.errors import KernelError
 from shaperd.kernel import devlink as nl
 from shaperd.report import nic_status
-from shaperd.roots import Roots
+from shaperd.core.roots import Roots
 
 from ..rdma_fixture import Node
 from .test_dcb_plan import FakeDcb
@@ -94,7 +94,7 @@ def test_each_backend_shows_configured_vs_read_back_in_json_and_text(roots):
 def test_the_agents_recorded_refusal_of_a_minimum_shows_in_the_vf_section(roots):
     from shaperd.backends.vfrate.backend import VfRateBackend
     from shaperd.engine.reconciler import Reconciler
-    from shaperd.inventory import Capabilities
+    from shaperd.core.inventory import Capabilities
 
     nic = FakeNic("i40e")  # refuses any minimum with EINVAL
     agent = VfRateBackend(writer=None, kernel=nic, state_file=roots.run / "shaperd" / "vfrate-owned.json")
@@ -140,17 +140,17 @@ def test_one_backends_read_failing_is_shown_in_its_section_and_the_others_still_
 
 def test_status_prints_the_sections_after_the_classes_and_rdma_ports_and_in_its_json(roots, tmp_path, monkeypatch,
                                                                                       capsys):
-    from shaperd import cli
+    from shaperd.cli import main as cli
     from shaperd.kernel import rtnl
     from shaperd.report import status
 
     collect = nic_status.collect
     monkeypatch.setattr(rtnl, "RtnlReader", lambda netns=None, **kw: Reader())
     monkeypatch.setattr(status, "sample", lambda reader: {})  # no tc class: the table's empty line
-    from shaperd.report import classifier_status
+    from shaperd.backends.common import classifier_status
 
     monkeypatch.setattr(classifier_status, "collect", lambda reader: {})  # no shaperd HTB root: no section
-    from shaperd.report import edt_status
+    from shaperd.backends.edt import status as edt_status
 
     monkeypatch.setattr(edt_status, "devices", lambda reader: [])  # no edt root: no section, no key
     monkeypatch.setattr(nic_status, "collect", lambda cfg, r, reader, netns=None: collect(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shaperd.cli import build_parser
+from shaperd.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "shaperd.service"

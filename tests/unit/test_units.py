@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from shaperd.units import UnitError, format_rate, parse_rate, tc_rate, ticks_to_bytes, xmit_ticks
+from shaperd.core.units import UnitError, format_rate, parse_rate, tc_rate, ticks_to_bytes, xmit_ticks
 
 
 @pytest.mark.parametrize(

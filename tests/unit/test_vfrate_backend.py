@@ -16,14 +16,14 @@ import os
 
 import pytest
 
-from shaperd import config
-from shaperd.backends.base import ApplyResult
+from shaperd.core import config
+from shaperd.core.protocol import ApplyResult
 from shaperd.backends.vfrate.backend import VfRateBackend
 from shaperd.engine.reconciler import Reconciler, default_backends
-from shaperd.inventory import Capabilities
+from shaperd.core.inventory import Capabilities
 from shaperd.kernel.rtnl_rows import LinkRow
-from shaperd.kernel.vf import REFUSED_ERRNOS, PfVfs, VfRateRow
-from shaperd.roots import Roots
+from shaperd.backends.vfrate.kernel import REFUSED_ERRNOS, PfVfs, VfRateRow
+from shaperd.core.roots import Roots
 
 from ..rdma_fixture import Node
 

@@ -16,7 +16,8 @@ import pytest
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
 from shaperd.backends.vfrate.ops import SetVfRate
-from shaperd.kernel import nlmsg, vf
+from shaperd.kernel import nlmsg
+from shaperd.backends.vfrate import kernel as vf
 
 from ..strace_dump import received, sent
 

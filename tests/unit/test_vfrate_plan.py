@@ -12,17 +12,17 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shaperd import config
-from shaperd.backends.rdma import plan as rp
+from shaperd.core import config
+from shaperd.rdma import plan as rp
 from shaperd.backends.vfrate import plan as vp
 from shaperd.backends.vfrate.diff import VfObserved, diff, teardown
 from shaperd.backends.vfrate.render import render
-from shaperd.config import Config, Node as CfgNode, Rdma, RdmaDeviceRef, Tenant
+from shaperd.core.config import Config, Node as CfgNode, Rdma, RdmaDeviceRef, Tenant
 from shaperd.discovery import rdma
-from shaperd.inventory import Inventory, Link, RdmaDevice, RdmaPort
-from shaperd.kernel.vf import PfVfs, VfRateRow
-from shaperd.roots import Roots
-from shaperd.tenancy import tenancy
+from shaperd.core.inventory import Inventory, Link, RdmaDevice, RdmaPort
+from shaperd.backends.vfrate.kernel import PfVfs, VfRateRow
+from shaperd.core.roots import Roots
+from shaperd.core.tenancy import tenancy
 
 from ..rdma_fixture import Node
 

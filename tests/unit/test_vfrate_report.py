@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from shaperd import config
-from shaperd.cli_rdma_vf import rows
-from shaperd.report import vfrate_metrics
+from shaperd.core import config
+from shaperd.backends.vfrate.cli import rows
+from shaperd.backends.vfrate import metrics as vfrate_metrics
 from shaperd.report.metrics import Metrics
 
 from .test_vfrate_backend import CFG, rig  # noqa: F401 - the fixture
@@ -63,7 +63,7 @@ def test_the_vf_rates_table_says_wanted_reported_and_state(rig):  # noqa: F811
 def test_the_agents_recorded_refusal_is_shown_by_the_read_only_table(rig, tmp_path):  # noqa: F811
     from shaperd.backends.vfrate.backend import VfRateBackend, read_refusals
     from shaperd.engine.reconciler import Reconciler
-    from shaperd.inventory import Capabilities
+    from shaperd.core.inventory import Capabilities
 
     record = tmp_path / "rec" / "vfrate-owned.json"
     nic, backend, rec = rig("i40e", state_file=record)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from shaperd import config
+from shaperd.core import config
 from shaperd.backends.htb.plan import htb_prios
 from shaperd.discovery.kubernetes.pods import PodInfo
 from shaperd.discovery.kubernetes.volcano import queue_of, queue_weights, uses_volcano, with_queue_priorities
-from shaperd.errors import ConfigError
-from shaperd.inventory import Pod
-from shaperd.tenancy import pod_tenants
+from shaperd.core.errors import ConfigError
+from shaperd.core.inventory import Pod
+from shaperd.core.tenancy import pod_tenants
 
 CFG = config.load_text("""
 tenants:

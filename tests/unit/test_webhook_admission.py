@@ -10,7 +10,7 @@ import json
 import jsonpatch
 import pytest
 
-from shaperd import config
+from shaperd.core import config
 from shaperd.webhook.admission import Mutator
 
 CFG = config.load_text("""

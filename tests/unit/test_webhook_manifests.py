@@ -4,7 +4,7 @@ from pathlib import Path
 
 import yaml
 
-from shaperd.cli import build_parser
+from shaperd.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,16 +19,16 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, field
 
-from ... import log
-from ...errors import KernelError
-from ...inventory import Capabilities, Inventory
-from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
-from ..rdma import plan as rdma_plan
-from . import diff as dcb_diff
-from . import plan as dcb_plan
-from . import render as dcb_render
-from .ops import AddDscpApps, DeleteDscpApps, SetEts, SetMaxrate
-from .plan import MAX_TCS, SEL_DSCP, DcbPlan
+from shaperd.core import log
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Capabilities, Inventory
+from shaperd.core.protocol import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
+from shaperd.rdma import plan as rdma_plan
+from shaperd.backends.dcb import diff as dcb_diff
+from shaperd.backends.dcb import plan as dcb_plan
+from shaperd.backends.dcb import render as dcb_render
+from shaperd.backends.dcb.ops import AddDscpApps, DeleteDscpApps, SetEts, SetMaxrate
+from shaperd.backends.dcb.plan import MAX_TCS, SEL_DSCP, DcbPlan
 
 
 @dataclass
@@ -71,8 +71,8 @@ class DcbBackend:
     @property
     def client(self):
         if self._client is None:
-            from ...kernel.dcb import DcbClient
-            from ...kernel.rtnl import RtnlReader
+            from shaperd.kernel.dcb import DcbClient
+            from shaperd.kernel.rtnl import RtnlReader
 
             self._client = DcbClient(RtnlReader(self.netns, run_root=self.run_root))
         return self._client
@@ -86,7 +86,7 @@ class DcbBackend:
         return self._plan
 
     def observe(self, reads, inv: Inventory) -> DcbObserved:
-        from ...kernel.dcb import DcbNotSupported
+        from shaperd.kernel.dcb import DcbNotSupported
 
         obs = DcbObserved(stuck=dict(self._stuck))
         for nd in sorted(set(roce_uplinks(inv)) | {n.netdev for n in self._plan.netdevs}):
@@ -174,7 +174,7 @@ class DcbBackend:
         return res
 
     def _write(self, op) -> None:
-        from ...kernel.dcb import App, Ets
+        from shaperd.kernel.dcb import App, Ets
 
         c = self.client
         if isinstance(op, SetEts):

@@ -20,9 +20,9 @@ An in-sync netdev gives no operation.
 
 from __future__ import annotations
 
-from ..base import TargetDiff
-from .ops import AddDscpApps, DeleteDscpApps, SetEts, SetMaxrate
-from .plan import SEL_DSCP, DcbPlan, NetdevDcb
+from shaperd.core.protocol import TargetDiff
+from shaperd.backends.dcb.ops import AddDscpApps, DeleteDscpApps, SetEts, SetMaxrate
+from shaperd.backends.dcb.plan import SEL_DSCP, DcbPlan, NetdevDcb
 
 # A driver rounds a max rate down to its step; at most this far below is "in sync" (mlx5: 1 Gbit/s steps above 25.5G).
 MAXRATE_ROUNDING_KBPS = 1_000_000

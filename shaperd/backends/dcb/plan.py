@@ -38,11 +38,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import Config, Tenant
-from ...errors import ConfigProblem
-from ...inventory import Inventory, RdmaPort
-from ...units import format_rate
-from ..rdma.plan import TenantRdma, priority_ranks
+from shaperd.core.config import Config, Tenant
+from shaperd.core.errors import ConfigProblem
+from shaperd.core.inventory import Inventory, RdmaPort
+from shaperd.core.units import format_rate
+from shaperd.rdma.plan import TenantRdma, priority_ranks
 
 MAX_TCS = 8
 DEFAULT_TC = 0

@@ -9,8 +9,8 @@ same bytes as shaperd's come from ``Nbps``, which the comment line gives.
 
 from __future__ import annotations
 
-from ...units import format_rate
-from .plan import DcbPlan, NetdevDcb
+from shaperd.core.units import format_rate
+from shaperd.backends.dcb.plan import DcbPlan, NetdevDcb
 
 TSA_NAMES = {0: "strict", 1: "cbs", 2: "ets", 255: "vendor"}
 

@@ -17,15 +17,15 @@ from __future__ import annotations
 import errno as errno_mod
 from dataclasses import dataclass, field
 
-from ...errors import KernelError
-from ...inventory import Capabilities, Inventory
-from ...kernel import devlink as nl
-from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
-from .diff import diff as diff_rates
-from .objects import DevlinkObserved, DevlinkPlan, Port, Rate
-from .ops import CreateRateNode, DeleteRateNode, SetLeafParent, SetRateNode
-from .plan import plan as plan_nodes
-from .render import render as render_nodes
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Capabilities, Inventory
+from shaperd.kernel import devlink as nl
+from shaperd.core.protocol import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
+from shaperd.backends.devlink.diff import diff as diff_rates
+from shaperd.backends.devlink.objects import DevlinkObserved, DevlinkPlan, Port, Rate
+from shaperd.backends.devlink.ops import CreateRateNode, DeleteRateNode, SetLeafParent, SetRateNode
+from shaperd.backends.devlink.plan import plan as plan_nodes
+from shaperd.backends.devlink.render import render as render_nodes
 
 
 @dataclass(frozen=True)

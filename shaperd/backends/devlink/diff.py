@@ -15,9 +15,9 @@ in-sync device gives no operation.
 
 from __future__ import annotations
 
-from ..base import TargetDiff
-from .objects import FLAVOUR_PCI_VF, DevlinkObserved, DevlinkPlan, Port, Rate, TenantNode, owned
-from .ops import CreateRateNode, DeleteRateNode, SetLeafParent, SetRateNode
+from shaperd.core.protocol import TargetDiff
+from shaperd.backends.devlink.objects import FLAVOUR_PCI_VF, DevlinkObserved, DevlinkPlan, Port, Rate, TenantNode, owned
+from shaperd.backends.devlink.ops import CreateRateNode, DeleteRateNode, SetLeafParent, SetRateNode
 
 
 def _vf_ports(ports: list[Port]) -> dict[int, Port]:

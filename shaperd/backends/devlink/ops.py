@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..base import Operation
+from shaperd.core.protocol import Operation
 
 
 def _rates(share: int | None, mx: int | None) -> str:

@@ -14,12 +14,12 @@ said in a warning). tx_share never exceeds a non-zero tx_max.
 
 from __future__ import annotations
 
-from ...config import Config
-from ...errors import ConfigProblem
-from ...inventory import Inventory
-from ...tenancy import Tenancy
-from ..rdma import plan as rdma_plan
-from .objects import DevlinkPlan, TenantNode, Vf, node_name
+from shaperd.core.config import Config
+from shaperd.core.errors import ConfigProblem
+from shaperd.core.inventory import Inventory
+from shaperd.core.tenancy import Tenancy
+from shaperd.rdma import plan as rdma_plan
+from shaperd.backends.devlink.objects import DevlinkPlan, TenantNode, Vf, node_name
 
 
 def plan(cfg: Config, inv: Inventory, ten: Tenancy) -> DevlinkPlan:

@@ -6,7 +6,7 @@ The CLI takes bit units: a node's bytes/s are printed as ``<B/s x 8>bit``
 
 from __future__ import annotations
 
-from .objects import DevlinkPlan
+from shaperd.backends.devlink.objects import DevlinkPlan
 
 
 def bits(Bps: int) -> str:

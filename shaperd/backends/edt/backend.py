@@ -5,7 +5,7 @@ sch_fq under each mq class, and its stamper filter on clsact egress (prio
 PRIO_STAMPER). Shares clsact with the map classifier and others (adds it,
 never removes it). Plans only the devices tenancy.dataplanes gives to edt;
 the rates inside the stamper's maps are the rate controller's
-(shaperd/engine/edt_loop.py), not the reconcile's, so a resync never resets them.
+(shaperd/backends/edt/loop.py), not the reconcile's, so a resync never resets them.
 With bpffs pins, each stamper is pinned when loaded under the "edt-stamper"
 part of the scope (the controller reopens its maps there without
 CAP_SYS_ADMIN); this backend collects the entries of devices no longer on edt.
@@ -15,20 +15,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ... import log
-from ...errors import KernelError
-from ...inventory import Capabilities, Inventory
-from ...kernel import bpf_classify, bpf_pins, edt_prog, tc
-from ...kernel.rtnl_rows import TC_H_ROOT
-from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff, planned_diffs
-from ..htb.mapcls import stale_pins
-from ..marks.objects import TC_H_CLSACT
-from .diff import diff_device, diff_teardown, stale_stamper_pins
-from .ops import DeleteRoot, SetFq, SetRoot, UnpinStamper
-from .refusals import Refusals, first_refusal, refusal_of
-from .objects import EDT_MAJOR, PRIO_STAMPER, ROOT_HANDLE, EdtDeviceState, FqQdisc
-from .plan import EdtPlan, plan
-from .select import edt_missing
+from shaperd.core import log
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Capabilities, Inventory
+from shaperd.backends.common import kernel_classifier as bpf_classify
+from shaperd.kernel import bpf_pins
+from shaperd.backends.edt import kernel_stamper as edt_prog
+from shaperd.kernel import tc
+from shaperd.kernel.rtnl_rows import TC_H_ROOT
+from shaperd.core.protocol import ApplyResult, BackendStats, PlanInput, Support, TargetDiff, planned_diffs
+from shaperd.backends.common.mapcls import stale_pins
+from shaperd.backends.marks.objects import TC_H_CLSACT
+from shaperd.backends.edt.diff import diff_device, diff_teardown, stale_stamper_pins
+from shaperd.backends.edt.ops import DeleteRoot, SetFq, SetRoot, UnpinStamper
+from shaperd.backends.edt.refusals import Refusals, first_refusal, refusal_of
+from shaperd.backends.edt.objects import EDT_MAJOR, PRIO_STAMPER, ROOT_HANDLE, EdtDeviceState, FqQdisc
+from shaperd.backends.edt.plan import EdtPlan, plan
+from shaperd.core.dataplane import edt_missing
 
 TC_H_EGRESS_PARENT = 0xFFFFFFF3  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_EGRESS)
 
@@ -188,7 +191,7 @@ class EdtBackend:
             stale_stamper_pins(observed.stamper_pin_entries, set(), "teardown")
 
     def render(self, desired: EdtPlan) -> str:
-        from .render import render
+        from shaperd.backends.edt.render import render
 
         return render(desired)
 

@@ -1,6 +1,6 @@
 """The edt rate controller, pure: per-tenant byte counters in, per-tenant departure rates out.
 
-One step (every ``interval_s``, 10-50 ms; shaperd/engine/edt_loop.py runs it):
+One step (every ``interval_s``, 10-50 ms; shaperd/backends/edt/loop.py runs it):
 
 1. measured rate per tenant = bytes counted by the stamper over the last
    ``WINDOW_S`` (100 ms, several steps) / elapsed time (the clock is the caller's);

@@ -10,13 +10,13 @@ missing, never deleted. Only the stamper's own filter (its prio) is edt's.
 
 from __future__ import annotations
 
-from ..base import TargetDiff
-from ..htb.objects import DEFAULT_ROOT_KINDS, ROOT_HANDLE as HTB_ROOT_HANDLE
-from ..marks.ops import AddClsact
-from ..htb import mapcls
-from . import plan as planmod
-from .objects import PRIO_STAMPER, ROOT_HANDLE, EdtDevicePlan, EdtDeviceState
-from .ops import DeleteRoot, DeleteStamper, SetFq, SetRoot, SetStamper, UnpinStamper
+from shaperd.core.protocol import TargetDiff
+from shaperd.backends.common.objects import DEFAULT_ROOT_KINDS, ROOT_HANDLE as HTB_ROOT_HANDLE
+from shaperd.backends.marks.ops import AddClsact
+from shaperd.backends.common import mapcls
+from shaperd.backends.edt import plan as planmod
+from shaperd.backends.edt.objects import PRIO_STAMPER, ROOT_HANDLE, EdtDevicePlan, EdtDeviceState
+from shaperd.backends.edt.ops import DeleteRoot, DeleteStamper, SetFq, SetRoot, SetStamper, UnpinStamper
 
 
 def replaceable(st: EdtDeviceState) -> bool:

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..htb.objects import DEFAULT_CLASS_MINOR
+from shaperd.backends.common.objects import DEFAULT_CLASS_MINOR
 
 # Root handle major "se": fixed, so ownership shows in a dump alone (HTB's is "sh", 7368).
 EDT_MAJOR = 0x7365

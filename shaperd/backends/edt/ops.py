@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..base import Operation
-from ..htb.objects import fmt_handle
-from .objects import FqQdisc, Stamper
+from shaperd.core.protocol import Operation
+from shaperd.backends.common.objects import fmt_handle
+from shaperd.backends.edt.objects import FqQdisc, Stamper
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,14 +31,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ...config import Config, default_reserve_bps
-from ...errors import ConfigProblem
-from ...inventory import Inventory, Link
-from ...tenancy import Tenancy
-from ..htb.plan import GSO_MAX_BYTES, checked_capacity
-from ..ids import assign_minors
-from . import controller
-from .objects import (
+from shaperd.core.config import Config, default_reserve_bps
+from shaperd.core.errors import ConfigProblem
+from shaperd.core.inventory import Inventory, Link
+from shaperd.core.tenancy import Tenancy
+from shaperd.backends.htb.plan import GSO_MAX_BYTES, checked_capacity
+from shaperd.core.ids import assign_minors
+from shaperd.backends.edt import controller
+from shaperd.backends.edt.objects import (
     DEFAULT_KEY, FQ_MAJOR_BASE, ROOT_HANDLE, EdtDevicePlan, EdtShareSpec, FqQdisc, Stamper, stamper_name,
 )
 
@@ -118,7 +118,7 @@ def _map_classifier(cfg: Config, inv: Inventory, link: Link, ten: Tenancy, minor
     operator is told the scope's own limit is not enforced there."""
     if not inv.capabilities.bpf_maps:
         return None
-    from ..htb.plan import classification, map_classifier_for
+    from shaperd.backends.htb.plan import classification, map_classifier_for
 
     who = classification(cfg, inv, ten.interfaces, minors, ten.pod_tenants, ten.marks)
     mc, _rest, warns = map_classifier_for(list(who.bpf_filters), cfg.node.mark_mask, (), who.src_prefixes)

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import errno
 
-from ...errors import KernelError
-from ...inventory import Inventory
-from ..base import Operation
-from .ops import SetFq, SetRoot
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Inventory
+from shaperd.core.protocol import Operation
+from shaperd.backends.edt.ops import SetFq, SetRoot
 
 # The kernel's extack for a qdisc kind it has no ops for (sch_api.c; the answer on this host for "fq").
 UNKNOWN_KIND_TEXT = "Specified qdisc kind is unknown"

@@ -6,9 +6,9 @@ shown as a comment with its parameters and the first rate per tenant.
 
 from __future__ import annotations
 
-from ...units import format_rate
-from ..htb.objects import fmt_handle
-from .plan import EdtPlan, initial_q16
+from shaperd.core.units import format_rate
+from shaperd.backends.common.objects import fmt_handle
+from shaperd.backends.edt.plan import EdtPlan, initial_q16
 
 
 def _fq(fq) -> str:

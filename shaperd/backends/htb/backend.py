@@ -12,17 +12,19 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, field
 
-from ... import log
-from ...errors import KernelError
-from ...inventory import Capabilities, Inventory
-from ...kernel import bpf_classify, bpf_pins, tc
-from ..base import ApplyResult, BackendStats, ClassTarget, PlanInput, Support, TargetDiff, planned_diffs
-from . import observe as obs
-from .diff import diff_device, diff_teardown
-from .mapcls import stale_pins
-from .objects import DeviceState
-from .ops import ChangeClass, CreateClass, CreateRoot, SetLeaf
-from .plan import HtbPlan, HtbSettings, plan
+from shaperd.core import log
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Capabilities, Inventory
+from shaperd.backends.common import kernel_classifier as bpf_classify
+from shaperd.kernel import bpf_pins
+from shaperd.kernel import tc
+from shaperd.core.protocol import ApplyResult, BackendStats, ClassTarget, PlanInput, Support, TargetDiff, planned_diffs
+from shaperd.backends.htb import observe as obs
+from shaperd.backends.htb.diff import diff_device, diff_teardown
+from shaperd.backends.common.mapcls import stale_pins
+from shaperd.backends.common.objects import DeviceState
+from shaperd.backends.htb.ops import ChangeClass, CreateClass, CreateRoot, SetLeaf
+from shaperd.backends.htb.plan import HtbPlan, HtbSettings, plan
 
 
 @dataclass

@@ -18,9 +18,9 @@ Ownership, in one place:
 
 from __future__ import annotations
 
-from ..base import Operation, TargetDiff
-from . import mapcls
-from .objects import (
+from shaperd.core.protocol import Operation, TargetDiff
+from shaperd.backends.common import mapcls
+from shaperd.backends.common.objects import (
     DEFAULT_ROOT_KINDS,
     ETH_P_ALL,
     ROOT_HANDLE,
@@ -32,7 +32,7 @@ from .objects import (
     U32Filter,
     fmt_handle,
 )
-from .ops import (
+from shaperd.backends.htb.ops import (
     AddBpfFilter,
     AddU32Filter,
     ChangeClass,

@@ -7,8 +7,8 @@ through the kernel side's reader; no netlink is spoken here.
 
 from __future__ import annotations
 
-from ...kernel.rtnl_rows import TC_H_ROOT, FilterRow, HtbClassRow, QdiscRow
-from .objects import (
+from shaperd.kernel.rtnl_rows import TC_H_ROOT, FilterRow, HtbClassRow, QdiscRow
+from shaperd.backends.common.objects import (
     HANDLE_MAJOR,
     ROOT_CLASS_MINOR,
     ROOT_HANDLE,

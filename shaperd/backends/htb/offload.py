@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...units import format_rate
-from .objects import ROOT_HANDLE, DevicePlan, U32Filter, fmt_handle
+from shaperd.core.units import format_rate
+from shaperd.backends.common.objects import ROOT_HANDLE, DevicePlan, U32Filter, fmt_handle
 
 MLX5_MAX_LEAVES = 256
 BYTES_IN_MBIT = 125_000  # mlx5 en/qos.h

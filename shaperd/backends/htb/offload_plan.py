@@ -28,10 +28,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ...config import Config
-from ...inventory import Inventory
-from .objects import DevicePlan
-from .offload import verdict
+from shaperd.core.config import Config
+from shaperd.core.inventory import Inventory
+from shaperd.backends.common.objects import DevicePlan
+from shaperd.backends.htb.offload import verdict
 
 DEFAULT_CLASS_NOTE = "the default class shares spare bandwidth in proportion to its rate, not last"
 

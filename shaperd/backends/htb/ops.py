@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..base import Operation
-from .objects import ROOT_HANDLE, BpfFilter, HtbClass, HtbRoot, LeafQdisc, ObservedFilter, U32Filter, fmt_handle
+from shaperd.core.protocol import Operation
+from shaperd.backends.common.objects import ROOT_HANDLE, BpfFilter, HtbClass, HtbRoot, LeafQdisc, ObservedFilter, U32Filter, fmt_handle
 
 ROOT_LABEL = "root qdisc htb 7368:"
 

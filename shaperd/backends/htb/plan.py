@@ -3,7 +3,7 @@
 Owns every decision about *what* HTB should hold: class ids, HTB parameter
 sizing, priority mapping, the default class, leaf queues and filters. Which
 devices are uplinks and which endpoints belong to which tenant is decided
-once for every backend (shaperd/tenancy.py). No I/O, no pyroute2; the kernel
+once for every backend (shaperd/core/tenancy.py). No I/O, no pyroute2; the kernel
 side only makes the kernel match what this returns.
 """
 
@@ -12,14 +12,15 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field, replace
 
-from ...config import Config, Tenant, check_guarantee_sum, default_reserve_bps
-from ...errors import ConfigProblem
-from ...inventory import Capabilities, Inventory, Link
-from ...tenancy import Tenancy, tenancy
-from ..ids import assign_minors, bpf_program_name
-from . import mapcls, offload_plan
-from .scopes import scope_minors, scoped_tenant
-from .objects import (
+from shaperd.core.config import Config, Tenant, check_guarantee_sum, default_reserve_bps
+from shaperd.core.errors import ConfigProblem
+from shaperd.core.inventory import Capabilities, Inventory, Link
+from shaperd.core.tenancy import Tenancy, tenancy
+from shaperd.core.ids import assign_minors, bpf_program_name
+from shaperd.backends.common import mapcls
+from shaperd.backends.htb import offload_plan
+from shaperd.backends.htb.scopes import scope_minors, scoped_tenant
+from shaperd.backends.common.objects import (
     DEFAULT_CLASS_MINOR,
     ETH_P_IP,
     PRIO_U32_V4_BASE,
@@ -38,7 +39,7 @@ from .objects import (
     U32Filter,
     classid,
 )
-from ...units import format_rate
+from shaperd.core.units import format_rate
 
 # HTB has 8 priority levels (0 = served first). Tenants use 0..6 by rank of
 # their priority value; 7 is kept for the default class so any tenant borrows

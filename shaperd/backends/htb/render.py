@@ -8,10 +8,10 @@ speaks netlink. Pure: no I/O.
 
 from __future__ import annotations
 
-from ...units import tc_rate
-from . import mapcls
-from .objects import ETH_P_ALL, ETH_P_IP, BpfFilter, DevicePlan, U32Filter, fmt_handle
-from .plan import HtbPlan
+from shaperd.core.units import tc_rate
+from shaperd.backends.common import mapcls
+from shaperd.backends.common.objects import ETH_P_ALL, ETH_P_IP, BpfFilter, DevicePlan, U32Filter, fmt_handle
+from shaperd.backends.htb.plan import HtbPlan
 
 
 def device_commands(dp: DevicePlan) -> list[list[str]]:

@@ -25,9 +25,9 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from ...config import Tenant
-from ..ids import assign_minors
-from .objects import (
+from shaperd.core.config import Tenant
+from shaperd.core.ids import assign_minors
+from shaperd.backends.common.objects import (
     ETH_P_ALL,
     ETH_P_IP,
     ETH_P_IPV6,

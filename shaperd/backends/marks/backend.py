@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from ...errors import KernelError
-from ...inventory import Capabilities, Inventory
-from ...kernel import tc
-from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
-from . import plan as marks_plan
-from .objects import PRIO_MARK_INGRESS, PROGRAM_PREFIX, TC_H_INGRESS_PARENT, MarksObserved, MarksPlan, ObservedMark
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Capabilities, Inventory
+from shaperd.kernel import tc
+from shaperd.core.protocol import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
+from shaperd.backends.marks import plan as marks_plan
+from shaperd.backends.marks.objects import PRIO_MARK_INGRESS, PROGRAM_PREFIX, TC_H_INGRESS_PARENT, MarksObserved, MarksPlan, ObservedMark
 
 
 class MarksBackend:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..base import Operation
-from .objects import MarkFilter, ObservedMark
+from shaperd.core.protocol import Operation
+from shaperd.backends.marks.objects import MarkFilter, ObservedMark
 
 
 @dataclass(frozen=True, kw_only=True)

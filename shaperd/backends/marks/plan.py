@@ -8,13 +8,13 @@ Diff: set missing or outdated programs, remove shaperd's stale ones.
 
 from __future__ import annotations
 
-from ...config import Config
-from ...inventory import Inventory
-from ...tenancy import Tenancy
-from ..base import TargetDiff
-from ..ids import bpf_program_name
-from .objects import TARGET, MarkFilter, MarksObserved, MarksPlan
-from .ops import AddClsact, DeleteMark, SetMark
+from shaperd.core.config import Config
+from shaperd.core.inventory import Inventory
+from shaperd.core.tenancy import Tenancy
+from shaperd.core.protocol import TargetDiff
+from shaperd.core.ids import bpf_program_name
+from shaperd.backends.marks.objects import TARGET, MarkFilter, MarksObserved, MarksPlan
+from shaperd.backends.marks.ops import AddClsact, DeleteMark, SetMark
 
 
 def plan(cfg: Config, inv: Inventory, ten: Tenancy) -> MarksPlan:

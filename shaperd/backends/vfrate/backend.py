@@ -29,17 +29,17 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ... import log
-from ...atomicfile import write_atomic
-from ...errors import KernelError
-from ...inventory import Capabilities, Inventory
-from ..base import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
-from ..rdma import plan as rdma_plan
-from . import plan as vf_plan
-from .diff import VfObserved, diff, teardown
-from .ops import SetVfRate
-from .plan import VfPlan
-from .render import render as render_plan
+from shaperd.core import log
+from shaperd.core.atomicfile import write_atomic
+from shaperd.core.errors import KernelError
+from shaperd.core.inventory import Capabilities, Inventory
+from shaperd.core.protocol import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
+from shaperd.rdma import plan as rdma_plan
+from shaperd.backends.vfrate import plan as vf_plan
+from shaperd.backends.vfrate.diff import VfObserved, diff, teardown
+from shaperd.backends.vfrate.ops import SetVfRate
+from shaperd.backends.vfrate.plan import VfPlan
+from shaperd.backends.vfrate.render import render as render_plan
 
 
 @dataclass
@@ -54,18 +54,18 @@ class _Kernel:
     """The real kernel side (kernel/vf.py), imported late so pure tests need no pyroute2 socket."""
 
     def read(self, reads, ifindex: int, device: str):
-        from ...kernel import vf
+        from shaperd.backends.vfrate import kernel as vf
 
         return vf.read_pf(reads, ifindex, device)
 
     def write(self, writer, ops: list[SetVfRate]) -> ApplyResult:
-        from ...kernel import vf
+        from shaperd.backends.vfrate import kernel as vf
 
         return vf.apply_ops(writer, ops)
 
     @property
     def refused_errnos(self) -> frozenset[int]:
-        from ...kernel import vf
+        from shaperd.backends.vfrate import kernel as vf
 
         return vf.REFUSED_ERRNOS
 

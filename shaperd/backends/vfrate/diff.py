@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..base import TargetDiff
-from .ops import SetVfRate
-from .plan import VfPlan
+from shaperd.core.protocol import TargetDiff
+from shaperd.backends.vfrate.ops import SetVfRate
+from shaperd.backends.vfrate.plan import VfPlan
 
 
 @dataclass

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...config import Config
-from ...inventory import Inventory, RdmaDevice
-from ..rdma.plan import RdmaPlan
+from shaperd.core.config import Config
+from shaperd.core.inventory import Inventory, RdmaDevice
+from shaperd.rdma.plan import RdmaPlan
 
 MBIT = 1_000_000
 U32_MAX = 0xFFFFFFFF

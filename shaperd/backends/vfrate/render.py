@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .plan import VfPlan
+from shaperd.backends.vfrate.plan import VfPlan
 
 
 def render(p: VfPlan) -> str:

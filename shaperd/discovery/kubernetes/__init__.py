@@ -16,9 +16,9 @@ One module per API concern (kopf's layout):
 The names below are the package's public surface; import them from here.
 """
 
-from .backoff import Backoff
-from .client import load_client_config
-from .errors import (
+from shaperd.discovery.kubernetes.backoff import Backoff
+from shaperd.discovery.kubernetes.client import load_client_config
+from shaperd.discovery.kubernetes.errors import (
     KubernetesConfigError,
     KubernetesError,
     PodParseError,
@@ -27,8 +27,8 @@ from .errors import (
     WatchStreamCorrupt,
     map_api_error,
 )
-from .pods import FrozenMap, PodInfo, describe_pod
-from .watcher import PodWatcher
+from shaperd.discovery.kubernetes.pods import FrozenMap, PodInfo, describe_pod
+from shaperd.discovery.kubernetes.watcher import PodWatcher
 
 __all__ = [
     "Backoff",

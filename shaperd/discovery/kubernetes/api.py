@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from . import watchstream
-from .errors import KubernetesError, TransientKubernetesError, WatchStreamCorrupt, map_api_error
-from .kubeconfig import ClientConfig
-from .transport import ApiClient
+from shaperd.discovery.kubernetes import watchstream
+from shaperd.discovery.kubernetes.errors import KubernetesError, TransientKubernetesError, WatchStreamCorrupt, map_api_error
+from shaperd.discovery.kubernetes.kubeconfig import ClientConfig
+from shaperd.discovery.kubernetes.transport import ApiClient
 
 
 class NotFound(KubernetesError):

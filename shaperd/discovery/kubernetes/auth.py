@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ... import log
-from .errors import KubernetesConfigError, KubernetesError
+from shaperd.core import log
+from shaperd.discovery.kubernetes.errors import KubernetesConfigError, KubernetesError
 
 _log = log.get("shaperd.k8s")
 

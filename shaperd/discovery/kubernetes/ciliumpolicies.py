@@ -5,7 +5,7 @@ two objects; with ``--config-map`` only the first is read. This view lists
 and watches ``cilium.io/v2`` CiliumNetworkPolicies (all namespaces) and
 CiliumClusterwideNetworkPolicies through the generic watch (resources.py)
 and adds each one's bandwidth scopes to the tenants it selects, exactly as a
-policy in the same file would (shaperd/cilium.py, shaperd/manifests.py). A
+policy in the same file would (shaperd/core/config/cilium.py, shaperd/core/config/manifests.py). A
 policy that does not read, or that scopes a prefix the tenant already has, is
 skipped with one log line per version; the other policies and tenants are
 unaffected. Without Cilium's CRDs (404) this is said once.
@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ... import log
-from ...cilium import is_policy, read_policy
-from ...config import Config
-from ...errors import ConfigError
-from ...manifests import apply_policies
-from .resources import ResourceWatcher
+from shaperd.core import log
+from shaperd.core.config.cilium import is_policy, read_policy
+from shaperd.core.config import Config
+from shaperd.core.errors import ConfigError
+from shaperd.core.config.manifests import apply_policies
+from shaperd.discovery.kubernetes.resources import ResourceWatcher
 
 _log = log.get("shaperd.k8s")
 CNPS = "/apis/cilium.io/v2/ciliumnetworkpolicies"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 
-from .errors import KubernetesConfigError
-from .kubeconfig import ClientConfig, load_in_cluster, load_kubeconfig
+from shaperd.discovery.kubernetes.errors import KubernetesConfigError
+from shaperd.discovery.kubernetes.kubeconfig import ClientConfig, load_in_cluster, load_kubeconfig
 
 
 def load_client_config(kubeconfig: str | None = None) -> ClientConfig:

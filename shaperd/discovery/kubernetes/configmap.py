@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...config import CONFIGMAP_KEY, Config, load_text
-from ...errors import ConfigError, ConfigProblem
-from .resources import ResourceWatcher
+from shaperd.core.config import CONFIGMAP_KEY, Config, load_text
+from shaperd.core.errors import ConfigError, ConfigProblem
+from shaperd.discovery.kubernetes.resources import ResourceWatcher
 
 
 def parse_ref(text: str) -> tuple[str, str]:

@@ -10,7 +10,7 @@ backoff while the cache is kept (``TransientKubernetesError``), relist
 errors) becomes one of these; the cause is chained by the caller
 (``raise map_api_error(...) from e``).
 
-Every class is a ``DiscoveryError`` (shaperd/errors.py): the API server
+Every class is a ``DiscoveryError`` (shaperd/core/errors.py): the API server
 is where the agent discovers the pods on its node, so one that reaches a
 reconcile is counted as error kind "discovery". Messages read "verb
 object: cause".
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import DiscoveryError
+from shaperd.core.errors import DiscoveryError
 
 
 class ApiStatus(Exception):

@@ -35,8 +35,8 @@ from typing import Any
 
 import yaml
 
-from .auth import EXEC_API_VERSIONS, ExecConfig, ExecPlugin, StaticToken, TokenFile
-from .errors import KubernetesConfigError
+from shaperd.discovery.kubernetes.auth import EXEC_API_VERSIONS, ExecConfig, ExecPlugin, StaticToken, TokenFile
+from shaperd.discovery.kubernetes.errors import KubernetesConfigError
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 EXEC_CLUSTER_EXTENSION = "client.authentication.k8s.io/exec"

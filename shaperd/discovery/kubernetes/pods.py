@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import PodParseError
+from shaperd.discovery.kubernetes.errors import PodParseError
 
 # Volcano: the pod's PodGroup, and the queue-name fallbacks (label or annotation).
 GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"

@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ... import log
-from . import api as k8s_api
-from .backoff import Backoff
-from .client import load_client_config
-from .errors import KubernetesError, ResourceExpired, WatchStreamCorrupt, map_api_error
-from .pods import object_resource_version
-from .watcher import _cut
+from shaperd.core import log
+from shaperd.discovery.kubernetes import api as k8s_api
+from shaperd.discovery.kubernetes.backoff import Backoff
+from shaperd.discovery.kubernetes.client import load_client_config
+from shaperd.discovery.kubernetes.errors import KubernetesError, ResourceExpired, WatchStreamCorrupt, map_api_error
+from shaperd.discovery.kubernetes.pods import object_resource_version
+from shaperd.discovery.kubernetes.watcher import _cut
 
 _log = log.get("shaperd.k8s")
 

@@ -25,9 +25,9 @@ from urllib.parse import urlencode
 import urllib3
 from urllib3.connection import HTTPConnection
 
-from .auth import Credential
-from .errors import ApiStatus, KubernetesConfigError
-from .kubeconfig import ClientConfig
+from shaperd.discovery.kubernetes.auth import Credential
+from shaperd.discovery.kubernetes.errors import ApiStatus, KubernetesConfigError
+from shaperd.discovery.kubernetes.kubeconfig import ClientConfig
 
 USER_AGENT = "shaperd"
 _MAX_ERROR_BODY = 64 * 1024

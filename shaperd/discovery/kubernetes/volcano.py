@@ -21,9 +21,9 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ...config import Config
-from .pods import GROUP_NAME_ANNOTATION, QUEUE_NAME_KEYS, PodInfo
-from .resources import ResourceWatcher
+from shaperd.core.config import Config
+from shaperd.discovery.kubernetes.pods import GROUP_NAME_ANNOTATION, QUEUE_NAME_KEYS, PodInfo
+from shaperd.discovery.kubernetes.resources import ResourceWatcher
 
 GROUP = "/apis/scheduling.volcano.sh/v1beta1"
 PODGROUPS = f"{GROUP}/podgroups"

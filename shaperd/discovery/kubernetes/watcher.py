@@ -27,13 +27,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ... import log
-from . import watchstream
-from .api import CoreV1
-from .backoff import Backoff
-from .client import load_client_config
-from .transport import ApiClient
-from .errors import (
+from shaperd.core import log
+from shaperd.discovery.kubernetes import watchstream
+from shaperd.discovery.kubernetes.api import CoreV1
+from shaperd.discovery.kubernetes.backoff import Backoff
+from shaperd.discovery.kubernetes.client import load_client_config
+from shaperd.discovery.kubernetes.transport import ApiClient
+from shaperd.discovery.kubernetes.errors import (
     KubernetesError,
     PodParseError,
     ResourceExpired,
@@ -41,7 +41,7 @@ from .errors import (
     WatchStreamCorrupt,
     map_api_error,
 )
-from .pods import PodInfo, describe_pod, object_resource_version
+from shaperd.discovery.kubernetes.pods import PodInfo, describe_pod, object_resource_version
 
 _log = log.get("shaperd.k8s")
 

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import ApiStatus, WatchStreamCorrupt
+from shaperd.discovery.kubernetes.errors import ApiStatus, WatchStreamCorrupt
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # an object is at most ~1.5 MiB in etcd; anything this long is not an event
 

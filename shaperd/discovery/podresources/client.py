@@ -14,8 +14,8 @@ import os
 
 import grpc
 
-from ...errors import DiscoveryError
-from . import api_pb2, api_pb2_grpc
+from shaperd.core.errors import DiscoveryError
+from shaperd.discovery.podresources import api_pb2, api_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 2.0
 # The kubelet answers List with every pod on the node; its own client allows 16 MiB (gRPC's default is 4).

@@ -38,11 +38,11 @@ import os
 import time
 from dataclasses import dataclass, replace
 
-from ... import log
-from ...inventory import Pod
-from ...roots import DEFAULT, Roots
-from .. import rdma as rdma_mod
-from .model import PodResources, from_reply
+from shaperd.core import log
+from shaperd.core.inventory import Pod
+from shaperd.core.roots import DEFAULT, Roots
+from shaperd.discovery import rdma as rdma_mod
+from shaperd.discovery.podresources.model import PodResources, from_reply
 
 STALE_AFTER = 3
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -157,7 +157,7 @@ class PodResourcesSource:
     # -- the call --------------------------------------------------------------
     def fetch(self) -> tuple[PodResources, ...] | None:
         """The kubelet's assignments now, else the last good ones (None: it never answered)."""
-        from .client import DEFAULT_TIMEOUT_S, PodResourcesClient, PodResourcesError
+        from shaperd.discovery.podresources.client import DEFAULT_TIMEOUT_S, PodResourcesClient, PodResourcesError
 
         self.poll()
         if self._stamp is None:

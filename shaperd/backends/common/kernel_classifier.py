@@ -1,0 +1,480 @@
+"""The eBPF map classifier on the kernel side: bytecode, maps, attach on clsact egress, adopt, read, write.
+
+Owns: generating the direct-action program (hand-built bytecode, no
+compiler), creating its maps (layout in backends/htb/mapcls.py), attaching it
+as shaperd's own cls_bpf filter (prio/handle 0x7368) on the device's clsact
+egress hook, finding it again after a restart (filter dump TCA_BPF_ID ->
+program fd -> map ids -> map fds), reading the maps, and executing the
+classifier operations (one bpf() write per map changed).
+
+Adoption, in this order of preference (the probe picks one): through bpffs
+pins (kernel/bpf_pins.py: ``<root>/shaperd/<scope>/<backend>/<device>/{prog,map_<role>}``,
+CAP_BPF and file permissions suffice), accepted only if the pinned program's
+id equals the TCA_BPF_ID in the filter dump and every pinned map is one of
+that program's maps, else the classifier is replaced and re-pinned; or by id
+(TCA_BPF_ID -> BPF_PROG_GET_FD_BY_ID -> map ids -> BPF_MAP_GET_FD_BY_ID),
+which needs CAP_SYS_ADMIN. The attached filter stays the reference that
+keeps the classifier working: pins only let a new process find the maps.
+
+Must not: touch a clsact filter that is not its own (other agents share the
+hook), delete the clsact qdisc, or decide map contents.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+import socket
+
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_DELTFILTER, RTM_NEWQDISC, RTM_NEWTFILTER
+
+from shaperd.core.protocol import ApplyResult, Operation
+from shaperd.backends.common import mapcls
+from shaperd.backends.common.mapcls import MAP_SHAPES, ROLES, MapClassifier, ObservedMapClassifier
+from shaperd.core.errors import KernelError
+from shaperd.kernel import bpf, bpf_maps, bpf_pins
+from shaperd.kernel.tc import _msg as _tcmsg  # one tcmsg builder for every hand-built tc request
+
+TC_H_CLSACT = 0xFFFFFFF1
+CLSACT_HANDLE = 0xFFFF0000
+TC_H_CLSACT_EGRESS = 0xFFFFFFF3
+ETH_P_ALL = 0x0003
+_MAP_TYPES = {"hash": bpf_maps.MAP_HASH, "array": bpf_maps.MAP_ARRAY, "lpm_trie": bpf_maps.MAP_LPM_TRIE}
+_MAP_NAMES = {r: f"shpd_{r}" for r in ROLES}
+PIN_PROG = bpf_pins.PIN_PROG
+_PIN_MAPS = {r: bpf_pins.pin_map(r) for r in ROLES}
+
+# __sk_buff offsets (uapi linux/bpf.h)
+_SKB_MARK, _SKB_PROTOCOL, _SKB_PRIORITY, _SKB_INGRESS_IFINDEX = 8, 16, 32, 36
+_SKB_DATA, _SKB_DATA_END = 76, 80
+_FN_MAP_LOOKUP, _FN_ANCESTOR_CGROUP_ID = 1, 83
+_ETH_P_IP_BE, _ETH_P_IPV6_BE = 0x0008, 0xDD86  # skb->protocol as a little-endian u32 load
+
+
+# ------------------------------------------------------------- a tiny assembler
+
+class _Asm:
+    """Instructions with symbolic jump targets; ``code()`` resolves them."""
+
+    def __init__(self):
+        self.items: list = []
+        self.labels: dict[str, int] = {}
+        self.pc = 0
+
+    def raw(self, b: bytes) -> None:
+        self.items.append(b)
+        self.pc += len(b) // 8
+
+    def i(self, code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> None:
+        self.raw(bpf._insn(code, dst, src, off, imm))
+
+    def jmp(self, code: int, dst: int, label: str, imm: int = 0, src: int = 0) -> None:
+        self.items.append((self.pc, code, dst, src, imm, label))
+        self.pc += 1
+
+    def label(self, name: str) -> None:
+        if name in self.labels:
+            raise ValueError(f"label {name} defined twice")
+        self.labels[name] = self.pc
+
+    def code(self) -> bytes:
+        out = []
+        for it in self.items:
+            if isinstance(it, bytes):
+                out.append(it)
+            else:
+                pc, code, dst, src, imm, label = it
+                out.append(bpf._insn(code, dst, src, self.labels[label] - pc - 1, imm))
+        return b"".join(out)
+
+
+_LDXW, _LDXDW, _STXW, _STXDW, _STW = 0x61, 0x79, 0x63, 0x7B, 0x62
+_MOV64X, _MOV32X, _MOV32K, _ADD64K, _ADD32K, _AND32K, _BE = 0xBF, 0xBC, 0xB4, 0x07, 0x04, 0x54, 0xDC
+_JA, _JEQK, _JGTX, _JEQ32K, _CALL, _EXIT = 0x05, 0x15, 0x2D, 0x16, 0x85, 0x95
+_LSH64K, _OR64X = 0x67, 0x4F
+
+
+def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
+    """The program for map fds {role: fd} (see backends/htb/mapcls.py for the stages).
+
+    Registers: r6 = skb, r7 = classid found (0 = none), r8 = skb->protocol.
+    Stack: fp-8 u32 hash key, fp-16 u64 cgroup key, fp-32.. source LPM key,
+    fp-40.. destination LPM key.
+
+    Every key is written in whole 8-byte stack slots (two u32 halves joined in a register, the unused
+    half 0), never as two 4-byte writes into one slot: without CAP_PERFMON (the DaemonSet's NET_ADMIN +
+    BPF) the 6.1 verifier saves a bounded u32 written at an 8-aligned offset as a spilled register and
+    then refuses any narrower write into that slot ("attempt to corrupt spilled pointer on stack"), so
+    the program did not load there at all.
+    """
+    a = _Asm()
+
+    def lookup(role: str, key_off: int, miss: str) -> None:
+        a.i(_MOV64X, 2, 10)
+        a.i(_ADD64K, 2, 0, 0, key_off)
+        a.raw(bpf_maps.ld_map_fd(1, fds[role]))
+        a.i(_CALL, imm=_FN_MAP_LOOKUP)
+        a.jmp(_JEQK, 0, miss, 0)
+
+    def slot(off: int, lo: int | None, hi: int | None) -> None:
+        """fp[off..off+8) = lo | hi << 32: lo, hi registers holding u32 values (None: 0). Clobbers r4, r5."""
+        if lo is None:
+            a.i(_MOV32K, 4, 0, 0, 0)
+        elif lo != 4:
+            a.i(_MOV64X, 4, lo)
+        if hi is not None:
+            if hi != 5:
+                a.i(_MOV64X, 5, hi)
+            a.i(_LSH64K, 5, 0, 0, 32)
+            a.i(_OR64X, 4, 5)
+        a.i(_STXDW, 10, 4, off)
+
+    def packet(min_len: int, miss: str) -> None:
+        a.i(_LDXW, 2, 6, _SKB_DATA)
+        a.i(_LDXW, 3, 6, _SKB_DATA_END)
+        a.i(_MOV64X, 4, 2)
+        a.i(_ADD64K, 4, 0, 0, min_len)
+        a.jmp(_JGTX, 4, miss, src=3)
+
+    a.i(_MOV64X, 6, 1)
+    a.i(_MOV32K, 7, 0, 0, 0)
+    a.i(_LDXW, 8, 6, _SKB_PROTOCOL)
+    # 1. ingress interface
+    a.i(_LDXW, 2, 6, _SKB_INGRESS_IFINDEX)
+    slot(-8, 2, None)
+    lookup("ifindex", -8, "cg0")
+    a.i(_LDXW, 7, 0, 0)
+    a.jmp(_JA, 0, "dst")
+    # 2. cgroup ancestors at the configured levels
+    for n in range(mapcls.CGROUP_LEVELS_MAX):
+        a.label(f"cg{n}")
+        nxt = f"cg{n + 1}" if n + 1 < mapcls.CGROUP_LEVELS_MAX else "mark"
+        a.i(_MOV32K, 4, 0, 0, n)
+        slot(-8, 4, None)
+        lookup("cglevels", -8, "mark")
+        a.i(_LDXW, 2, 0, 0)
+        a.jmp(_JEQ32K, 2, "mark", 0)  # levels are packed from slot 0: an empty slot ends the list
+        a.i(_ADD32K, 2, 0, 0, -1)
+        a.i(_MOV64X, 1, 6)
+        a.i(_CALL, imm=_FN_ANCESTOR_CGROUP_ID)
+        a.jmp(_JEQK, 0, nxt, 0)  # no socket (forwarded) or not that deep
+        a.i(_STXDW, 10, 0, -16)
+        lookup("cgroup", -16, nxt)
+        a.i(_LDXW, 7, 0, 0)
+        a.jmp(_JA, 0, "dst")
+    # 3. mark under the node's mask
+    a.label("mark")
+    a.i(_LDXW, 2, 6, _SKB_MARK)
+    a.i(_AND32K, 2, 0, 0, mark_mask)
+    a.jmp(_JEQ32K, 2, "src", 0)
+    slot(-8, 2, None)
+    lookup("mark", -8, "src")
+    a.i(_LDXW, 7, 0, 0)
+    a.jmp(_JA, 0, "dst")
+    # 4. source prefix, longest wins (LPM)
+    a.label("src")
+    a.jmp(_JEQ32K, 8, "src4", _ETH_P_IP_BE)
+    a.jmp(_JEQ32K, 8, "src6", _ETH_P_IPV6_BE)
+    a.jmp(_JA, 0, "out")
+    a.label("src4")
+    packet(14 + 20, "out")
+    a.i(_LDXW, 5, 2, 14 + 12)  # {prefixlen 32, saddr}
+    a.i(_MOV32K, 4, 0, 0, 32)
+    slot(-32, 4, 5)
+    lookup("src4", -32, "out")
+    a.i(_LDXW, 7, 0, 0)
+    a.jmp(_JA, 0, "dst4")
+    a.label("src6")
+    packet(14 + 40, "out")
+    # {prefixlen 128, saddr w0..w3}: slots fp-32 (128, w0), fp-24 (w1, w2), fp-16 (w3, 0)
+    a.i(_MOV32K, 4, 0, 0, 128)
+    a.i(_LDXW, 5, 2, 14 + 8)
+    slot(-32, 4, 5)
+    a.i(_LDXW, 4, 2, 14 + 12)
+    a.i(_LDXW, 5, 2, 14 + 16)
+    slot(-24, 4, 5)
+    a.i(_LDXW, 4, 2, 14 + 20)
+    slot(-16, 4, None)
+    lookup("src6", -32, "out")
+    a.i(_LDXW, 7, 0, 0)
+    a.jmp(_JA, 0, "dst6")
+    # 5. destination scope of the tenant found
+    a.label("dst")
+    a.jmp(_JEQ32K, 8, "dst4", _ETH_P_IP_BE)
+    a.jmp(_JEQ32K, 8, "dst6", _ETH_P_IPV6_BE)
+    a.jmp(_JA, 0, "write")
+    for fam, alen, daddr in (("dst4", 4, 14 + 16), ("dst6", 16, 14 + 24)):
+        a.label(fam)
+        packet(14 + (20 if alen == 4 else 40), "write")
+        # {prefixlen, classid (big-endian), daddr}: fp-40 (prefixlen, classid), then the address words
+        for w in range(0, alen // 4, 2):
+            a.i(_LDXW, 4, 2, daddr + 4 * w)
+            if w + 1 < alen // 4:
+                a.i(_LDXW, 5, 2, daddr + 4 * (w + 1))
+            slot(-32 + 4 * w, 4, 5 if w + 1 < alen // 4 else None)
+        a.i(_MOV32X, 5, 7)
+        a.i(_BE, 5, 0, 0, 32)
+        a.i(_MOV32K, 4, 0, 0, 32 + 8 * alen)
+        slot(-40, 4, 5)
+        lookup(fam, -40, "write")
+        a.i(_LDXW, 7, 0, 0)
+        a.jmp(_JA, 0, "write")
+    a.label("write")
+    a.i(_STXW, 6, 7, _SKB_PRIORITY)
+    a.label("out")
+    a.i(_MOV32K, 0, 0, 0, bpf.TC_ACT_UNSPEC)
+    a.i(_EXIT)
+    return a.code()
+
+
+# --------------------------------------------------------------------- maps
+
+class ClassifierMaps:
+    """The classifier's open maps by role (created fresh, or adopted from a program id)."""
+
+    def __init__(self, maps: dict[str, bpf_maps.BpfMap]):
+        self.maps = maps
+
+    @classmethod
+    def create(cls) -> ClassifierMaps:
+        maps: dict[str, bpf_maps.BpfMap] = {}
+        try:
+            for role in ROLES:
+                kind, ks, vs, n = MAP_SHAPES[role]
+                maps[role] = bpf_maps.create_map(_MAP_TYPES[kind], ks, vs, n, _MAP_NAMES[role])
+        except BaseException:
+            for m in maps.values():
+                m.close()
+            raise
+        return cls(maps)
+
+    @classmethod
+    def adopt(cls, prog_id: int) -> ClassifierMaps:
+        """The maps of the attached program ``prog_id`` (BpfMapError if it is gone or not ours)."""
+        return cls(bpf_maps.maps_of_prog(prog_id, _MAP_NAMES, "classifier"))
+
+    @classmethod
+    def adopt_pinned(cls, pins: bpf_pins.PinStore, device: str, prog_id: int) -> ClassifierMaps:
+        """The maps pinned for ``device``, if its pinned program is the attached ``prog_id`` and every
+        pinned map is one of that program's (BpfMapError otherwise: the classifier is then replaced)."""
+        return cls(bpf_pins.adopt_pinned(pins, device, prog_id, _MAP_NAMES, "classifier"))
+
+    @classmethod
+    def open(cls, pins: bpf_pins.PinStore | None, device: str, prog_id: int) -> ClassifierMaps:
+        """Through the pins when they are in use, else by id (CAP_SYS_ADMIN)."""
+        return cls.adopt_pinned(pins, device, prog_id) if pins is not None else cls.adopt(prog_id)
+
+    def pin_files(self) -> dict[str, int]:
+        return {_PIN_MAPS[r]: m.fd for r, m in self.maps.items()}
+
+    def close(self) -> None:
+        for m in self.maps.values():
+            m.close()
+
+    def __enter__(self) -> ClassifierMaps:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def fds(self) -> dict[str, int]:
+        return {r: m.fd for r, m in self.maps.items()}
+
+    def read(self) -> dict[str, dict[bytes, bytes]]:
+        return {r: m.items() for r, m in self.maps.items()}
+
+    def write(self, role: str, upserts, deletes) -> int:
+        """Apply one map's changes; returns the number of bpf() write syscalls."""
+        m = self.maps[role]
+        n = m.update_batch(list(upserts)) if upserts else 0
+        return n + (m.delete_batch(list(deletes)) if deletes else 0)
+
+
+def load(maps: ClassifierMaps, mark_mask: int, name: str) -> int:
+    """Load the program against ``maps``; returns its fd (the caller closes it after attaching)."""
+    return bpf.load_sched_cls(classifier_program(maps.fds(), mark_mask), name)
+
+
+# ------------------------------------------------------------- observe
+
+def observe(filter_rows, device: str, pins: bpf_pins.PinStore | None = None) -> ObservedMapClassifier | None:
+    """Our classifier among the clsact egress filter rows of one device, with its maps' entries."""
+    ours = [f for f in filter_rows if f.kind == "bpf" and f.prio == mapcls.PRIO_EGRESS_CLASSIFY
+            and f.handle == mapcls.HANDLE_EGRESS_CLASSIFY]
+    if not ours:
+        return None
+    f = ours[0]
+    obs = ObservedMapClassifier(name=f.name, prog_id=getattr(f, "prog_id", 0), handle=f.handle, prio=f.prio)
+    if not mapcls.is_ours(f.name) or not obs.prog_id:
+        obs.error = f"filter {f.name or '?'} at shaperd's prio carries no readable program"
+        return obs
+    try:
+        with ClassifierMaps.open(pins, device, obs.prog_id) as maps:
+            obs.entries = maps.read()
+    except bpf_maps.BpfMapError as e:
+        obs.error = f"read classifier maps on {device}: {e}"
+    return obs
+
+
+# --------------------------------------------------------------- writes
+
+_F_PUT = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+
+
+
+
+def _info() -> int:
+    return (mapcls.PRIO_EGRESS_CLASSIFY << 16) | socket.htons(ETH_P_ALL)
+
+
+def ensure_clsact(ipr, ifindex: int) -> None:
+    """Add a clsact qdisc unless one is there (it is shared: never replaced, never deleted)."""
+    msg = _tcmsg(RTM_NEWQDISC, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, ifindex, CLSACT_HANDLE,
+                 TC_H_CLSACT, kind="clsact")
+    try:
+        ipr.nlm_request_batch([msg])
+    except NetlinkError as e:
+        if e.code != errno_mod.EEXIST:
+            raise
+
+
+def attach(ipr, ifindex: int, prog_fd: int, name: str) -> None:
+    """Create or replace shaperd's own filter (prio/handle 0x7368) on clsact egress, direct-action."""
+    opts = {"attrs": [["TCA_BPF_FD", prog_fd], ["TCA_BPF_NAME", name], ["TCA_BPF_FLAGS", 1]]}
+    msg = _tcmsg(RTM_NEWTFILTER, _F_PUT, ifindex, mapcls.HANDLE_EGRESS_CLASSIFY, TC_H_CLSACT_EGRESS, _info(),
+                 "bpf", opts)
+    ipr.nlm_request_batch([msg])
+
+
+def detach(ipr, ifindex: int) -> None:
+    msg = _tcmsg(RTM_DELTFILTER, NLM_F_REQUEST | NLM_F_ACK, ifindex, mapcls.HANDLE_EGRESS_CLASSIFY,
+                 TC_H_CLSACT_EGRESS, _info(), "bpf")
+    ipr.nlm_request_batch([msg])
+
+
+def install(ipr, ifindex: int, want: MapClassifier, device: str = "", pins: bpf_pins.PinStore | None = None) -> int:
+    """Fresh maps, filled, program loaded and attached, then (with ``pins``) pinned for ``device``,
+    replacing its pins. Returns the number of bpf() map writes."""
+    writes = 0
+    with ClassifierMaps.create() as maps:
+        for role in ROLES:
+            entries = want.entries.get(role, {})
+            if entries:
+                writes += maps.write(role, list(entries.items()), [])
+        fd = load(maps, want.mark_mask, want.name)
+        try:
+            ensure_clsact(ipr, ifindex)
+            attach(ipr, ifindex, fd, want.name)
+            if pins is not None:  # after the attach: old pins left by a crash here no longer match, so are replaced
+                pins.pin(device, {PIN_PROG: fd, **maps.pin_files()})
+        finally:
+            os.close(fd)
+    return writes
+
+
+def is_classifier_op(op: Operation) -> bool:
+    return isinstance(op, (mapcls.AttachMapClassifier, mapcls.UpdateClassifierMap, mapcls.DetachMapClassifier,
+                           mapcls.UnpinMapClassifier))
+
+
+def apply_ops(ipr, ops: list[Operation], pins: bpf_pins.PinStore | None = None) -> ApplyResult:
+    """Execute classifier operations one by one; each failure is attributed to its operation."""
+    result = ApplyResult()
+    for op in ops:
+        try:
+            if isinstance(op, mapcls.AttachMapClassifier):
+                install(ipr, op.ifindex, op.classifier, op.device, pins)
+            elif isinstance(op, mapcls.UpdateClassifierMap):
+                with ClassifierMaps.open(pins, op.device, op.prog_id) as maps:
+                    maps.write(op.role, op.upserts, op.deletes)
+            elif isinstance(op, mapcls.UnpinMapClassifier):
+                if pins is None:
+                    raise ValueError("no bpffs pin root in use")
+                pins.remove(op.device)
+            elif isinstance(op, mapcls.DetachMapClassifier):
+                try:
+                    detach(ipr, op.ifindex)
+                except NetlinkError as e:
+                    if e.code != errno_mod.ENOENT:
+                        raise
+            else:
+                raise TypeError(f"not a classifier operation: {type(op).__name__}")
+            result.applied.append(op)
+        except NetlinkError as e:
+            result.failed.append((op, op.error(os.strerror(e.code), e.code)))
+        except (bpf.BpfError, OSError, ValueError) as e:
+            result.failed.append((op, op.error(str(e), getattr(e, "errno", None))))
+        except KernelError as e:
+            result.failed.append((op, e))
+    return result
+
+
+ADOPT_PINS, ADOPT_ID = "pins", "id"
+
+
+def probe_load(pin_root: str | None = None) -> tuple[str, str]:
+    """Without a probe device: create the maps, load the program and get them back as a later
+    reconcile adopts them; attach nothing (clsact and a tc filter are NET_ADMIN's).
+
+    Returns (how, reason): how is "pins" when pinning under ``pin_root`` and reopening the pins
+    works (CAP_BPF and the directory's permissions), else "id" when reading the maps back by id
+    works (BPF_*_GET_FD_BY_ID need CAP_SYS_ADMIN), else "" (a classifier that cannot be adopted
+    would be reinstalled on every reconcile: the u32 path instead). reason says why not pins/id."""
+    want, _ = mapcls.build(0xFFFFFFFF, {}, (), {}, {})
+    try:
+        with ClassifierMaps.create() as maps:
+            fd = load(maps, want.mark_mask, want.name)
+            try:
+                prog_id = bpf_maps.prog_info(fd).id
+                pin_why = "no bpffs root configured"
+                if pin_root:
+                    ok, pin_why = _probe_pins(pin_root, fd, maps, prog_id)
+                    if ok:
+                        return ADOPT_PINS, f"bpffs pins under {pin_root}"
+                try:
+                    with ClassifierMaps.adopt(prog_id):  # while fd holds the program alive
+                        pass
+                except (bpf.BpfError, OSError) as e:
+                    return "", (f"bpffs pins: {pin_why}; read its maps back by id (BPF_*_GET_FD_BY_ID need "
+                                f"CAP_SYS_ADMIN): {e}")
+                return ADOPT_ID, f"by id (bpffs pins: {pin_why})"
+            finally:
+                os.close(fd)
+    except (bpf.BpfError, OSError) as e:
+        return "", str(e)
+
+
+def _probe_pins(pin_root: str, prog_fd: int, maps: ClassifierMaps, prog_id: int) -> tuple[bool, str]:
+    """Pin the probe's program and maps in a throwaway scope, adopt them from there, remove them."""
+    try:
+        store = bpf_pins.probe_store(pin_root)
+    except ValueError as e:
+        return False, str(e)
+    try:
+        store.pin("probe", {PIN_PROG: prog_fd, **maps.pin_files()})
+        with ClassifierMaps.adopt_pinned(store, "probe", prog_id) as got:
+            got.read()
+    except (bpf.BpfError, OSError) as e:
+        return False, str(e)
+    finally:
+        try:
+            store.remove_scope()
+        except bpf.BpfError:
+            pass
+    return True, "ok"
+
+
+def probe(ipr, ifindex: int) -> tuple[bool, str]:
+    """Can the map classifier run here? Creates its maps, loads and attaches it on ``ifindex`` (a probe
+    device in a throwaway namespace), then detaches it. (ok, reason)."""
+    want, _ = mapcls.build(0xFFFFFFFF, {}, (), {}, {})
+    try:
+        install(ipr, ifindex, want)
+        detach(ipr, ifindex)
+    except NetlinkError as e:
+        return False, f"attach on clsact egress: {os.strerror(e.code)}"
+    except (bpf.BpfError, OSError) as e:
+        return False, str(e)
+    return True, "ok"

@@ -1,0 +1,121 @@
+"""The edt rate controller's loop: every ``interval_s`` read each stamper's counters, step, write the rates.
+
+Owns the schedule and the per-device controller state; the algorithm is
+backends/edt/controller.py (pure), the map access kernel/edt_prog.py behind
+the injected ``open_maps(device_plan)`` (so tests run it on fakes with an
+injected clock). Read, diff, then write: only keys whose rate changed are
+written. A device whose maps cannot be read is reported once per failure and
+retried at the next step; it never stops the other devices. The daemon hands
+it the edt plan after each reconcile (``set_targets``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from shaperd.core import log
+from shaperd.backends.edt import controller
+from shaperd.backends.edt.plan import controller_shares
+from shaperd.core.periodic import Periodic
+
+DEFAULT_INTERVAL_S = 0.02
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    period_s: float = DEFAULT_INTERVAL_S
+
+
+class EdtLoop(Periodic):
+    thread_name = "shaperd-edt-rates"
+
+    def __init__(self, open_maps, clock=time.monotonic, settings: LoopSettings = LoopSettings(),
+                 mono_ns=lambda: time.clock_gettime_ns(time.CLOCK_MONOTONIC)):
+        self.open_maps = open_maps
+        self.clock = clock
+        self.mono_ns = mono_ns  # the stamper's clock (bpf_ktime_get_ns), for the backlog test
+        self.settings = settings
+        self.log = log.get("shaperd.edt")
+        self._stop = threading.Event()
+        self._thread = None
+        self._lock = threading.Lock()
+        self._plans: dict[str, object] = {}
+        self._maps: dict[str, object] = {}
+        self._state: dict[str, controller.State] = {}
+        self._written: dict[str, dict[int, int]] = {}
+        self.errors: dict[str, str] = {}
+        self.writes = 0  # bpf() update calls so far (read-diff-write: zero while rates hold)
+
+    def set_targets(self, plans) -> None:
+        """The edt device plans to control now; devices gone or re-planned start afresh."""
+        with self._lock:
+            new = {dp.device: dp for dp in plans}
+            for dev in list(self._plans):
+                if dev not in new or new[dev] != self._plans[dev]:
+                    self._forget(dev)
+            self._plans = new
+
+    def _forget(self, dev: str) -> None:
+        m = self._maps.pop(dev, None)
+        if m is not None:
+            m.close()
+        self._state.pop(dev, None)
+        self._written.pop(dev, None)
+
+    def rates(self, device: str) -> dict[int, int]:
+        """The rates (bit/s per key) of the last step on ``device``."""
+        with self._lock:
+            st = self._state.get(device)
+            return dict(st.rates_bps) if st else {}
+
+    def snapshot(self) -> list[tuple[str, str | None, int, int, int]]:
+        """(device, tenant or None for the default key, key, rate written bit/s, measured bit/s) of the last steps."""
+        out = []
+        with self._lock:
+            for dev, dp in sorted(self._plans.items()):
+                st = self._state.get(dev)
+                if st is None:
+                    continue
+                for s in dp.shares:
+                    out.append((dev, s.tenant, s.key, st.rates_bps.get(s.key, 0), st.measured_bps.get(s.key, 0)))
+        return out
+
+    def sample_once(self) -> None:
+        with self._lock:
+            for dev, dp in sorted(self._plans.items()):
+                try:
+                    self._step(dev, dp)
+                    self.errors.pop(dev, None)
+                except Exception as e:  # noqa: BLE001 - one device never stops the others
+                    if self.errors.get(dev) != str(e):
+                        self.log.error("edt rate step failed", device=dev, error=str(e))
+                    self.errors[dev] = str(e)
+                    self._forget(dev)
+
+    def _step(self, dev: str, dp) -> None:
+        maps = self._maps.get(dev)
+        if maps is None:
+            maps = self._maps[dev] = self.open_maps(dp)
+        totals = {k: s.bytes for k, s in maps.read_stats().items()}
+        shares = controller_shares(dp)
+        # Backlog: the tenant's departure clock is ahead of now (same CLOCK_MONOTONIC as bpf_ktime_get_ns).
+        clocks = maps.read_clocks([s.key for s in shares])
+        now_ns = self.mono_ns()
+        backlogged = frozenset(k for k, c in clocks.items() if c > now_ns)
+        st = controller.step(dp.capacity_bps, shares, self._state.get(dev, controller.State()), self.clock(), totals,
+                             backlogged)
+        self._state[dev] = st
+        q16 = {k: controller.ns_per_byte_q16(r) for k, r in st.rates_bps.items()}
+        last = self._written.setdefault(dev, {})
+        changed = {k: v for k, v in q16.items() if last.get(k) != v}
+        if changed:
+            self.writes += maps.write_rates(changed)
+            last.update(changed)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        super().stop(timeout_s)
+        with self._lock:
+            for dev in list(self._maps):
+                self._forget(dev)

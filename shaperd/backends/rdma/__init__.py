@@ -1,1 +1,0 @@
-"""RDMA: each tenant's dedicated HCA ports, InfiniBand service level, RoCE traffic class and NCCL settings."""

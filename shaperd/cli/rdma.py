@@ -1,0 +1,23 @@
+"""``shaperd rdma ...``: the RDMA subcommands, one module each.
+
+Each module listed in ``SUBCOMMANDS`` exposes ``register(subparsers)``,
+which adds its parser and sets ``fn`` to a function taking the parsed
+arguments and returning an exit code (0 done, 1 failed, 2 bad input).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# Modules that add an ``rdma`` subcommand (imported when the parser is built).
+SUBCOMMANDS: tuple[str, ...] = ("shaperd.backends.nccl.cli", "shaperd.cli.rdma_opensm", "shaperd.report.rdma_status",
+                               "shaperd.backends.devlink.cli", "shaperd.backends.vfrate.cli", "shaperd.backends.dcb.cli")
+
+
+def register(sub, node_opts) -> None:
+    if not SUBCOMMANDS:
+        return
+    p = sub.add_parser("rdma", help="RDMA: devices, service levels, NCCL settings, the subnet manager's tables")
+    rs = p.add_subparsers(dest="rdma_cmd", required=True)
+    for name in SUBCOMMANDS:
+        importlib.import_module(name).register(rs, node_opts)

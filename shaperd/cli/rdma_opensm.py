@@ -1,0 +1,126 @@
+"""``shaperd rdma opensm-config``: the subnet manager's side of the tenants' service levels.
+
+Prints OpenSM's QoS options for the tenants file (SL2VL, both VL arbitration
+tables, the high-priority limit, per-port-type sets where they differ). With
+``--write OPTS_FILE`` it puts them into OpenSM's options file atomically,
+keeping every other line byte for byte, and sends SIGHUP to the opensm that
+reads that file. Exit codes: 0 done (also when nothing changed), 1 the write
+or the signal failed, 2 bad input or output OpenSM would not take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from shaperd.rdma import opensm
+from shaperd.rdma import opensm_file
+from shaperd.rdma.plan import plan
+from shaperd.core.config import load_file
+from shaperd.core.inventory import Inventory
+from shaperd.core.tenancy import tenancy
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def register(sub, node_opts) -> None:
+    from shaperd.cli.main import DEFAULT_CONFIG
+
+    p = sub.add_parser(
+        "opensm-config",
+        help="render OpenSM's QoS options (SL2VL, VL arbitration) for the tenants; --write updates opensm's file",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    p.add_argument("--config", "-c", default=DEFAULT_CONFIG, help=f"tenants file (default {DEFAULT_CONFIG})")
+    p.add_argument("--max-vls", action="append", type=max_vls_arg, metavar="N|TYPE=N", default=[],
+                   help=f"data VLs the fabric's ports operate (default {opensm.DEFAULT_MAX_VLS}); TYPE=N for one "
+                        f"port type ({', '.join(opensm.PORT_TYPES)}), repeatable")
+    p.add_argument("--write", metavar="OPTS_FILE",
+                   help="update this OpenSM options file (replaces only the qos keys shaperd owns) and SIGHUP opensm")
+    p.add_argument("--opensm-pid-file", metavar="PATH",
+                   help="signal the opensm whose pid this file holds (default: every opensm reading OPTS_FILE)")
+    p.add_argument("--no-signal", action="store_true", help="with --write: write the file, do not signal opensm")
+    p.set_defaults(fn=run)
+
+
+def max_vls_arg(text: str) -> tuple[str, int]:
+    kind, sep, num = text.rpartition("=")
+    kind = kind if sep else "default"
+    if kind != "default" and kind not in opensm.PORT_TYPES:
+        raise argparse.ArgumentTypeError(f"unknown port type {kind!r} in {text!r}; expected N or TYPE=N with TYPE "
+                                         f"one of {', '.join(opensm.PORT_TYPES)}")
+    if not num.isdigit() or not 1 <= int(num) <= opensm.MAX_DATA_VLS:
+        raise argparse.ArgumentTypeError(f"expected 1-{opensm.MAX_DATA_VLS} data VLs (VL0-VL14; VL15 is the "
+                                         f"management VL), got {num!r}")
+    return kind, int(num)
+
+
+def _err(msg: str) -> None:
+    print(f"shaperd: {msg}", file=sys.stderr)
+
+
+def rendered(args) -> opensm.OpenSmConfig:
+    cfg = load_file(args.config)
+    inv = Inventory()  # the SM's side needs no node: every tenant's SL comes from the tenants file
+    return opensm.render(cfg, plan(cfg, inv, tenancy(cfg, inv)), dict(args.max_vls))
+
+
+def run(args) -> int:
+    try:
+        out = rendered(args)
+    except opensm.OpenSmConfigError as e:
+        _err(str(e))
+        return EXIT_BAD_INPUT
+    for w in out.warnings:
+        _err(f"warning: {w}")
+    if not args.write:
+        sys.stdout.write(out.text())
+        return EXIT_OK
+    return write(args, out)
+
+
+def write(args, out: opensm.OpenSmConfig) -> int:
+    from shaperd.rdma import opensm_host as host
+
+    path = Path(args.write)
+    old = host.read_text(path)
+    try:
+        merged = opensm_file.merge(old or "", out.text(), name=str(path))
+    except opensm_file.OptionsFileError as e:
+        _err(str(e))
+        return EXIT_BAD_INPUT
+    if old is not None and merged.text == old:
+        print(f"{path}: the QoS options are already as rendered; not written, opensm not signalled")
+        return EXIT_OK
+    real = host.write_atomic(path, merged.text)
+    what = ["created it with the QoS block"] if old is None else [
+        "replaced shaperd's QoS block" if merged.previous_block else "added shaperd's QoS block"]
+    if merged.replaced:
+        what.append(f"removed {len(merged.replaced)} qos line(s) it now sets ("
+                    + ", ".join(f"{k} at line {n}" for n, k in merged.replaced) + ")")
+    if old is not None:
+        what.append(f"kept {merged.kept} other line(s) unchanged")
+    print(f"wrote {real}: " + "; ".join(what))
+    if args.no_signal:
+        print("opensm not signalled (--no-signal): it reads the new tables at its next start or SIGHUP")
+        return EXIT_OK
+    if args.opensm_pid_file:
+        targets = [host.from_pid_file(Path(args.opensm_pid_file))]
+        if targets[0].config != str(real):
+            _err(f"warning: opensm pid {targets[0].pid} (from {args.opensm_pid_file}) reads {targets[0].config}, "
+                 f"not {real}")
+    else:
+        running = host.running_opensm()
+        targets = [p for p in running if p.config == str(real)]
+        for p in running:
+            if p not in targets:
+                print(f"opensm pid {p.pid} reads {p.config}, not this file: not signalled")
+    if not targets:
+        print(f"no running opensm reads {real}: it takes the new tables when it starts")
+        return EXIT_OK
+    for t in targets:
+        host.hup(t)
+        print(f"sent SIGHUP to opensm pid {t.pid}: it re-reads {real} and reprograms SL2VL and VL arbitration "
+              "in its next heavy sweep")
+    return EXIT_OK

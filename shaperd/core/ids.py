@@ -1,0 +1,59 @@
+"""Stable ids derived from identity: HTB class minors, skb->mark values, BPF program names.
+
+Derived from tenant names (and program content), never from "what is free
+right now", so a restarted agent finds and adopts its own objects. Shared by
+the backends and by ``shaperd status`` (which labels classes without a
+daemon). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from shaperd.backends.common.objects import HANDLE_MAJOR, TENANT_MINOR_FIRST, TENANT_MINOR_LAST
+
+
+def assign_minors(names: list[str] | tuple[str, ...], taken_minors: frozenset[int] = frozenset()) -> dict[str, int]:
+    """Class minor per tenant, derived from its name (stable across restarts).
+
+    A hash of the name picks the slot; collisions are resolved by probing in
+    name order, so the result depends only on the set of names. The root
+    handle's major is skipped because leaf qdisc majors equal class minors.
+    """
+    span = TENANT_MINOR_LAST - TENANT_MINOR_FIRST + 1
+    taken = {HANDLE_MAJOR, *taken_minors}  # taken_minors: tenants' classes, when assigning their scope leaves
+    out: dict[str, int] = {}
+    for name in sorted(names):
+        h = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % span
+        minor = TENANT_MINOR_FIRST + h
+        while minor in taken:
+            minor = TENANT_MINOR_FIRST + (minor - TENANT_MINOR_FIRST + 1) % span
+        taken.add(minor)
+        out[name] = minor
+    return out
+
+
+def assign_marks(names: list[str] | tuple[str, ...], mask: int) -> dict[str, int]:
+    """skb->mark value per tenant inside ``mask``, derived from the name like class minors.
+
+    Tenants beyond the mask's capacity get no mark (tenancy warns).
+    """
+    shift = (mask & -mask).bit_length() - 1
+    span = mask >> shift  # values 1..span (0 means "no tenant")
+    out: dict[str, int] = {}
+    taken: set[int] = set()
+    for name in sorted(names):
+        if len(taken) >= span:
+            break
+        v = 1 + int.from_bytes(hashlib.sha256(b"mark\0" + name.encode()).digest()[:4], "big") % span
+        while v in taken:
+            v = 1 + v % span
+        taken.add(v)
+        out[name] = v << shift
+    return out
+
+
+def bpf_program_name(mapping: tuple[tuple[int, ...], ...], kind: str = "") -> str:
+    """Stable BPF object name (<= 15 chars) identifying a generated program's content."""
+    digest = hashlib.sha256((kind + repr(sorted(mapping))).encode()).hexdigest()[:10]
+    return f"shpd{kind[:1]}_{digest}"[:15]

@@ -1,0 +1,169 @@
+"""The backend protocol: the one surface every enforcement path implements.
+
+An enforcement path (HTB on the uplinks, mark programs on pod interfaces,
+and next RDMA service levels, VF rates, devlink rate groups, DCB, EDT) is a
+backend with six steps:
+
+- ``probe(caps)``: once, at start: can it run on this kernel, and how degraded;
+- ``plan(ctx)``: pure, config + inventory (+ the shared tenancy) -> desired state;
+- ``observe(reads, inv)``: read the state it owns from the kernel, into data;
+- ``diff(desired, observed)``: pure, -> per-target lists of typed operations;
+- ``apply(target_diff, batch)``: side effects only: execute the operations;
+- ``stats(desired)``: what it contributes to status and metrics.
+
+``teardown(observed)`` is the diff against "nothing desired" (pure).
+Optionally ``render(desired) -> str``: the desired state as the equivalent
+command lines of the operators' own tools (``ip link``, ``devlink``,
+``dcb``), printed by ``shaperd plan`` after the tc commands.
+
+The engine (shaperd/engine/reconciler.py) loops over backends; a failure in
+one is reported and never stops the others. Operations are typed: one class
+per object kind, each building its own description and its own error, so no
+caller parses text back out of a message. Pure: no I/O here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from shaperd.core.config import Config
+from shaperd.core.errors import ConfigProblem, KernelError
+from shaperd.core.inventory import Capabilities, Inventory
+
+
+@dataclass(frozen=True, kw_only=True)
+class Operation:
+    """One write to one object on one device (or pseudo-device).
+
+    Subclasses set ``verb`` (what an operator reads: create, change, delete,
+    add, set) and implement ``what()`` (the object, in tc's words).
+    """
+
+    device: str
+    ifindex: int
+    reason: str = ""
+    tenant: str | None = None
+
+    verb: ClassVar[str] = "change"
+
+    def what(self) -> str:  # pragma: no cover - every subclass names its object
+        raise NotImplementedError
+
+    @property
+    def deletes(self) -> bool:
+        """A delete whose object is already gone has reached its goal (ENOENT is success)."""
+        return self.verb == "delete"
+
+    def describe(self) -> str:
+        tenant = f" (tenant {self.tenant})" if self.tenant else ""
+        reason = f": {self.reason}" if self.reason else ""
+        return f"{self.verb} {self.what()} on {self.device}{tenant}{reason}"
+
+    def error(self, cause: str, errno: int | None = None) -> KernelError:
+        """'verb object on device: cause', built from the operation itself."""
+        return KernelError(self.verb, self.what(), self.device, cause, errno)
+
+
+@dataclass
+class TargetDiff:
+    """The operations for one target (a device, or a backend's pseudo-device), in order."""
+
+    target: str
+    ops: list[Operation] = field(default_factory=list)
+    # Set when the target is deliberately left alone (it is not shaperd's): why.
+    blocked: str | None = None
+    # Set when the target could not be read, so nothing was diffed: the error.
+    error: str | None = None
+
+
+def planned_diffs(devices, observed, diff_one) -> list[TargetDiff]:
+    """One TargetDiff per planned device (``.device``, ``.ifindex``) of a tc backend: the observation's
+    read error, "gone", or ``diff_one(plan, state)``. ``observed`` has ``errors`` and ``devices`` by ifindex."""
+    out = []
+    for dp in devices:
+        if dp.ifindex in observed.errors:
+            out.append(TargetDiff(dp.device, error=observed.errors[dp.ifindex]))
+            continue
+        st = observed.devices.get(dp.ifindex)
+        if st is None:
+            out.append(TargetDiff(dp.device, error=f"read device {dp.device}: it is gone"))
+            continue
+        out.append(diff_one(dp, st))
+    return out
+
+
+@dataclass
+class ApplyResult:
+    applied: list[Operation] = field(default_factory=list)
+    failed: list[tuple[Operation, KernelError]] = field(default_factory=list)
+    # A batch that failed part-way: some writes may have landed; re-read and re-diff.
+    batch_failed: bool = False
+
+
+@dataclass(frozen=True)
+class Support:
+    """A backend's probe result: whether it runs here, and what an operator should know."""
+
+    enabled: bool = True
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClassTarget:
+    """What one shaping class on one device is for (the metrics sampler's labels and targets)."""
+
+    tenant: str
+    device: str
+    classid: int
+    guarantee_bps: int | None = None
+    limit_bps: int | None = None
+
+
+@dataclass
+class BackendStats:
+    """A backend's contribution to status and metrics."""
+
+    # (device, classid) -> what that class enforces: the sampler reads its counters.
+    targets: dict[tuple[str, int], ClassTarget] = field(default_factory=dict)
+    # tenant -> endpoint kind ("cidr", "interface", "cgroup") -> number enforced now.
+    endpoints: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Devices this backend enforces on (for logs and status).
+    devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """What every backend plans from: the tenants file, the node, and who is who on it."""
+
+    config: Config
+    inventory: Inventory
+    tenancy: Any  # shaperd.core.tenancy.Tenancy
+    # backend name -> {device: (ifindex, reason)}: what a backend's apply found this kernel refuses there
+    # (its ``refused(inv)``, remembered in memory by the backend, forgotten on restart). Data, not state.
+    refused: dict = field(default_factory=dict)
+
+
+class Desired(Protocol):
+    """A backend's desired state. Problems: targets that cannot be enforced as configured."""
+
+    problems: tuple[ConfigProblem, ...]
+    warnings: tuple[str, ...]
+
+
+class Backend(Protocol):
+    name: str
+
+    def probe(self, caps: Capabilities) -> Support: ...
+
+    def plan(self, ctx: PlanInput) -> Desired: ...
+
+    def observe(self, reads, inv: Inventory) -> Any: ...
+
+    def diff(self, desired: Desired, observed: Any) -> list[TargetDiff]: ...
+
+    def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult: ...
+
+    def stats(self, desired: Desired) -> BackendStats: ...
+
+    def teardown(self, observed: Any) -> list[TargetDiff]: ...
