@@ -66,7 +66,7 @@ def test_probe_without_sys_admin_finds_cls_bpf_and_refuses_the_map_classifier_it
 
 def test_with_every_capability_the_map_classifier_probe_succeeds():
     # The check above can pass: as plain root the same probe adopts what it loaded.
-    code = "from shaperd.kernel import bpf_classify as b; print(b.probe_load())"
+    code = "from shaperd.backends.common import kernel_classifier as b; print(b.probe_load())"
     r = procs.run([PY, "-c", code], timeout_s=60)
     assert r.stdout.strip() == "('id', 'by id (bpffs pins: no bpffs root configured)')", r.stdout + r.stderr
 

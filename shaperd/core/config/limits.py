@@ -36,7 +36,7 @@ import os
 
 import yaml
 
-from shaperd.backends.common.objects import HANDLE_MAJOR, TENANT_MINOR_FIRST, TENANT_MINOR_LAST
+from shaperd.core.ids import HANDLE_MAJOR, TENANT_MINOR_FIRST, TENANT_MINOR_LAST
 from shaperd.core.errors import ConfigError, ConfigProblem
 
 MAX_TENANTS = TENANT_MINOR_LAST - TENANT_MINOR_FIRST + 1 - (1 if TENANT_MINOR_FIRST <= HANDLE_MAJOR <= TENANT_MINOR_LAST else 0)
