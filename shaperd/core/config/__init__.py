@@ -18,3 +18,4 @@ from shaperd.core.config.model import (  # noqa: F401
     HTB_OFFLOAD_MODES, Config, DEFAULT_RESERVE_FRACTION, default_reserve_bps, check_guarantee_sum,
 )
 from shaperd.core.config.validate import PRIORITY_FROM, from_dict  # noqa: F401
+from shaperd.core.errors import ConfigError, ConfigProblem  # noqa: F401 - what loading raises

@@ -46,7 +46,7 @@ MAX_YAML_DEPTH = 64
 
 
 class YamlBudgetExceeded(yaml.YAMLError):
-    """Raised from inside the composer; config._yaml turns it into a ConfigError."""
+    """Raised from inside the composer; config.yamldoc._yaml turns it into a ConfigError."""
 
     def __init__(self, count: int):
         self.count = count
