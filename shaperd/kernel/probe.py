@@ -257,7 +257,7 @@ def htb_offload(ipr: IPRoute, ifindex: int, device: str) -> tuple[bool, str]:
     """Try ``htb offload`` as the root of ``device`` (a probe veth: never a node's device). (ok, why not)."""
     from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 
-    msg = _tc._msg(RTM_NEWQDISC, _tc._F_PUT, ifindex, 0x10000, TC_H_ROOT, kind="htb", options=_tc._htb_init(2, True))
+    msg = _tc.msg(RTM_NEWQDISC, _tc.F_PUT, ifindex, 0x10000, TC_H_ROOT, kind="htb", options=_tc.htb_init(2, True))
     try:
         ipr.nlm_request_batch([msg])
     except NetlinkError as e:

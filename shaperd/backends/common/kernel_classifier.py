@@ -32,14 +32,13 @@ from pyroute2.netlink.rtnl import RTM_DELTFILTER, RTM_NEWQDISC, RTM_NEWTFILTER
 
 from shaperd.core.protocol import ApplyResult, Operation
 from shaperd.backends.common import mapcls
+from shaperd.backends.common.clsact import CLSACT_HANDLE, TC_H_CLSACT
+from shaperd.backends.common.clsact import TC_H_EGRESS_PARENT as TC_H_CLSACT_EGRESS
 from shaperd.backends.common.mapcls import MAP_SHAPES, ROLES, MapClassifier, ObservedMapClassifier
 from shaperd.core.errors import KernelError
 from shaperd.kernel import bpf, bpf_maps, bpf_pins
-from shaperd.kernel.tc import _msg as _tcmsg  # one tcmsg builder for every hand-built tc request
+from shaperd.kernel.tc import msg as _tcmsg  # one tcmsg builder for every hand-built tc request
 
-TC_H_CLSACT = 0xFFFFFFF1
-CLSACT_HANDLE = 0xFFFF0000
-TC_H_CLSACT_EGRESS = 0xFFFFFFF3
 ETH_P_ALL = 0x0003
 _MAP_TYPES = {"hash": bpf_maps.MAP_HASH, "array": bpf_maps.MAP_ARRAY, "lpm_trie": bpf_maps.MAP_LPM_TRIE}
 _MAP_NAMES = {r: f"shpd_{r}" for r in ROLES}

@@ -22,10 +22,11 @@ from shaperd.backends.common import kernel_classifier as bpf_classify
 from shaperd.kernel import bpf_pins
 from shaperd.backends.edt import kernel_stamper as edt_prog
 from shaperd.kernel import tc
+from shaperd.backends.edt import kernel_tc
 from shaperd.kernel.rtnl_rows import TC_H_ROOT
 from shaperd.core.protocol import ApplyResult, BackendStats, PlanInput, Support, TargetDiff, planned_diffs
 from shaperd.backends.common.mapcls import stale_pins
-from shaperd.backends.marks.objects import TC_H_CLSACT
+from shaperd.backends.common.clsact import TC_H_CLSACT
 from shaperd.backends.edt.diff import diff_device, diff_teardown, stale_stamper_pins
 from shaperd.backends.edt.ops import DeleteRoot, SetFq, SetRoot, UnpinStamper
 from shaperd.backends.edt.refusals import Refusals, first_refusal, refusal_of
@@ -147,12 +148,12 @@ class EdtBackend:
         cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
         if not batch:  # one by one: the qdiscs first, so a kernel that does not know a kind is caught before the rest
             qdisc_ops = [op for op in tc_ops if isinstance(op, (SetRoot, SetFq))]
-            first = tc.apply_ops(self.writer, qdisc_ops, batch=False)
+            first = tc.apply_ops(self.writer, qdisc_ops, batch=False, codec=kernel_tc.CODEC)
             reason = first_refusal(first.failed)
             if reason is not None:
                 return self._refuse(diff, qdisc_ops, first, reason)
             tc_ops = [op for op in tc_ops if op not in qdisc_ops]
-        result = tc.apply_ops(self.writer, tc_ops, batch=batch, pins=self.stamper_pins)
+        result = tc.apply_ops(self.writer, tc_ops, batch=batch, pins=self.stamper_pins, codec=kernel_tc.CODEC)
         if not batch:
             result.applied[:0], result.failed[:0] = first.applied, first.failed
         if cls_ops and not result.batch_failed:
@@ -178,7 +179,7 @@ class EdtBackend:
                                                   reason="edt refused by the kernel: back to htb")]
         failed = [(op, e) for op, e in first.failed if refusal_of(op, e) is None]
         if undo:
-            done = tc.apply_ops(self.writer, undo, batch=False)
+            done = tc.apply_ops(self.writer, undo, batch=False, codec=kernel_tc.CODEC)
             first.applied.extend(done.applied)
             failed.extend(done.failed)
         if self.refusals.add(dev, idx, reason):

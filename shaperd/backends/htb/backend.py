@@ -18,6 +18,7 @@ from shaperd.core.inventory import Capabilities, Inventory
 from shaperd.backends.common import kernel_classifier as bpf_classify
 from shaperd.kernel import bpf_pins
 from shaperd.kernel import tc
+from shaperd.backends.htb import kernel_tc
 from shaperd.core.protocol import ApplyResult, BackendStats, ClassTarget, PlanInput, Support, TargetDiff, planned_diffs
 from shaperd.backends.htb import observe as obs
 from shaperd.backends.htb.diff import diff_device, diff_teardown
@@ -158,7 +159,7 @@ class HtbBackend:
         if not batch and first is not None:
             # One by one: the offloaded root first; refused, the tree under it is not sent (it would only
             # fail, once per class): the next plan, a moment later, is software HTB for this device.
-            result = tc.apply_ops(self.writer, tc_ops[:first + 1], batch=False)
+            result = tc.apply_ops(self.writer, tc_ops[:first + 1], batch=False, codec=kernel_tc.CODEC)
             self._offload_refusals(result)
             root_failed = next((e for op, e in result.failed if op is tc_ops[first]), None)
             if isinstance(root_failed, OffloadRefused):
@@ -166,12 +167,12 @@ class HtbBackend:
                 result.failed += [(op, OffloadRefused(op.verb, op.what(), op.device, cause, root_failed.errno))
                                   for op in tc_ops[first + 1:] + cls_ops]
                 return result
-            rest = tc.apply_ops(self.writer, tc_ops[first + 1:], batch=False)
+            rest = tc.apply_ops(self.writer, tc_ops[first + 1:], batch=False, codec=kernel_tc.CODEC)
             self._offload_refusals(rest)
             result.applied.extend(rest.applied)
             result.failed.extend(rest.failed)
         else:
-            result = tc.apply_ops(self.writer, tc_ops, batch=batch)
+            result = tc.apply_ops(self.writer, tc_ops, batch=batch, codec=kernel_tc.CODEC)
             self._offload_refusals(result)
         if cls_ops and not result.batch_failed:
             more = bpf_classify.apply_ops(self.writer, cls_ops, self.pins)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from shaperd.core.errors import KernelError
 from shaperd.core.inventory import Capabilities, Inventory
 from shaperd.kernel import tc
+from shaperd.backends.marks import kernel_tc
 from shaperd.core.protocol import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
 from shaperd.backends.marks import plan as marks_plan
 from shaperd.backends.marks.objects import PRIO_MARK_INGRESS, PROGRAM_PREFIX, TC_H_INGRESS_PARENT, MarksObserved, MarksPlan, ObservedMark
@@ -42,7 +43,7 @@ class MarksBackend:
         return [marks_plan.diff(desired, observed)]
 
     def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
-        return tc.apply_ops(self.writer, diff.ops, batch=batch)
+        return tc.apply_ops(self.writer, diff.ops, batch=batch, codec=kernel_tc.CODEC)
 
     def teardown(self, observed: MarksObserved) -> list[TargetDiff]:
         d = marks_plan.diff(MarksPlan(), observed)
