@@ -126,7 +126,7 @@ def _roots(args):
 def _reconciler(args, probe: bool = True, pods_source=None, pod_resources=None, teardown: bool = False):
     from shaperd.engine.reconciler import open_node
     from shaperd.core.inventory import Capabilities
-    from shaperd.kernel.probe import probe_capabilities
+    from shaperd.engine.probe import probe_capabilities
 
     if probe and os.geteuid() == 0:
         caps = probe_capabilities(bpffs_root=str(_roots(args).bpffs) if getattr(args, "bpffs_root", "") else None,

@@ -152,7 +152,7 @@ def tenants_yaml(dataplane: str, capacity_mbit: int = CAPACITY_MBIT) -> str:
 
 def reconciler(bed: Bed):
     from shaperd.engine.reconciler import open_node
-    from shaperd.kernel.probe import probe_capabilities
+    from shaperd.engine.probe import probe_capabilities
 
     return open_node(probe_capabilities(), netns=bed.node)
 

@@ -13,6 +13,7 @@ from shaperd.core.inventory import Link
 from shaperd.kernel import bpf
 from shaperd.backends.common import kernel_classifier as bpf_classify
 from shaperd.backends.edt import kernel_stamper as edt_prog
+from shaperd.engine import probe as engine_probe
 from shaperd.kernel import probe
 from shaperd.kernel.qdisc_kinds import ABSENT, PRESENT, UNKNOWN, evidence_all
 from shaperd.core.roots import Roots
@@ -114,7 +115,7 @@ def _assumed(monkeypatch, roots):
     monkeypatch.setattr(bpf, "bpf_supported", lambda: (True, ""))
     monkeypatch.setattr(bpf_classify, "probe_load", lambda root: ("pins", "through bpffs pins under /x"))
     monkeypatch.setattr(edt_prog, "probe_load", lambda root: (True, "adopted through bpffs pins under /x"))
-    return probe._assumed("capability probe skipped (EPERM)", str(roots.proc), "/x", roots)
+    return probe._assumed("capability probe skipped (EPERM)", str(roots.proc), "/x", roots, checks=engine_probe.program_checks())
 
 
 CFG = load_text("""node:
