@@ -25,7 +25,7 @@ caller parses text back out of a message. Pure: no I/O here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 from shaperd.core.config import Config
 from shaperd.core.errors import ConfigProblem, KernelError
@@ -167,3 +167,77 @@ class Backend(Protocol):
     def stats(self, desired: Desired) -> BackendStats: ...
 
     def teardown(self, observed: Any) -> list[TargetDiff]: ...
+
+
+# ---------------------------------------------------------------- the registry's entries
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What a backend's factory builds from: one node (one network namespace) and its writers.
+
+    ``writer``: kernel/tc.TcWriter (tc and rtnetlink writes) or None where nothing is written (status);
+    ``classifier_pins``: the map classifier's bpffs PinStore, or None (its maps found by id);
+    ``capabilities``: the probe's answer (a backend may derive its own pin store from it)."""
+
+    writer: Any = None
+    roots: Any = None  # shaperd.core.roots.Roots
+    netns: str | None = None
+    take_over: bool = False
+    classifier_pins: Any = None
+    capabilities: Capabilities | None = None
+
+
+@dataclass(frozen=True)
+class StatusInput:
+    """What a backend's ``shaperd status`` section reads from (the command's arguments, resolved).
+
+    ``config``: the tenants file, or None when it is not readable; ``diff_one(backend, config)``: the
+    engine's plan-and-diff of that one backend without writing (sections never import the engine)."""
+
+    config: Config | None
+    config_path: str | None
+    roots: Any
+    netns: str | None = None
+    bpffs_root: str = ""
+    run_root: str = "/run"
+    diff_one: Callable | None = None
+
+
+def _always(_cfg) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Everything the engine, the kernel writer, status, top, metrics and the command line need to know
+    about one backend. A backend package exports one, ``SPEC`` in its ``spec.py``; shaperd/engine/registry.py
+    lists them, and nothing else names a backend.
+
+    - ``factory(NodeContext) -> Backend``; ``order``: the reconcile order (lower first);
+    - ``codec``: its tc encoders (kernel/tc.Codec) for the node's writer, or None;
+    - ``program_checks``: kernel/probe.ProgramChecks fields it supplies (its eBPF programs to try);
+    - ``needed(config) -> bool``: whether this tenants file asks for its feature (a backend that is not
+      needed says nothing: its probe notes are not logged);
+    - ``commands(rdma_subparsers, node_opts)``: its ``shaperd rdma ...`` subcommands, or None;
+    - ``metrics(metrics, backend, job)``: add its Prometheus collector for a running ``backend`` (``job()``
+      returns its background job or None);
+    - ``job(netns, capabilities) -> Job``: a background loop the daemon runs (``update(desired)``: the
+      desired state after each reconcile, ``stop()``), or None;
+    - ``status(StatusInput) -> [section]``: its ``shaperd status`` sections (each ``order``, ``sample(reader)``,
+      ``doc(window) -> dict``, ``render(window_doc) -> str``, ``errors() -> list[str]``, ``close()``);
+    - ``top(StatusInput) -> plane``: its ``shaperd top`` plane (``name``, ``sample(reader) -> (stats, targets)``,
+      ``backlog(key) -> (text, bytes, ns)``, ``errors() -> dict``, ``close()``), or None.
+    """
+
+    name: str
+    factory: Callable[[NodeContext], Any]
+    order: int = 50
+    codec: Any = None
+    program_checks: dict = field(default_factory=dict)
+    needed: Callable[[Any], bool] = _always
+    commands: Callable | None = None
+    metrics: Callable | None = None
+    job: Callable | None = None
+    status: Callable | None = None
+    top: Callable | None = None

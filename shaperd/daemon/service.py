@@ -80,7 +80,7 @@ class Daemon:
         self.sampler = None
         self.rdma_sampler = None  # report.rdma_sampler.RdmaSampler when serving metrics
         self.sm_checker = None  # report.rdma_smcheck.SmChecker when serving metrics
-        self.edt_loop = None  # engine.edt_loop.EdtLoop, started once an uplink is on the edt data plane
+        self.jobs: dict = {}  # backend name -> its spec's job (edt's rate controller), started on first use
         self.sm_check_settings = sm_check_settings  # report.rdma_smcheck.SmCheckSettings; None: defaults
         # Drift: a reconcile that changed the kernel although the config it
         # enforces was already applied successfully once.
@@ -234,8 +234,8 @@ class Daemon:
                 self.rdma_sampler.stop()
             if self.sm_checker is not None:
                 self.sm_checker.stop()
-            if self.edt_loop is not None:
-                self.edt_loop.stop()
+            for job in self.jobs.values():
+                job.stop()
             signal.set_wakeup_fd(-1)
             self.events.close()
             os.close(rpipe)
@@ -347,7 +347,7 @@ class Daemon:
         self.log.info("reconciled", changes=rep.changes, devices=len(rep.planned_devices),
                       duration_ms=round(rep.duration_s * 1000, 1), ok=rep.ok, drift_repair=drift)
         self._observe(rep, ok=not failed, drift=drift)
-        self._edt_rates(rep, getattr(rec, "capabilities", None))
+        self._run_jobs(rep, getattr(rec, "capabilities", None))
         if failed:
             self.failures += 1
             if not _worth_retrying(rep):  # EPERM, EINVAL: asking again soon changes nothing; the resync will
@@ -358,18 +358,19 @@ class Daemon:
         self.applied_gen = gen
         return None
 
-    def _edt_rates(self, rep, caps=None) -> None:
-        """Hand the edt plan to the rate controller loop (engine/edt_loop.py), starting it on first use."""
-        plan = getattr(rep, "plan", None)
-        edt = getattr(plan, "desired", {}).get("edt")
-        devices = getattr(edt, "devices", ())
-        if self.edt_loop is None and devices:
-            from shaperd.backends.edt.loop import EdtLoop
+    def _run_jobs(self, rep, caps=None) -> None:
+        """Hand each backend's desired state to its background job (its spec's ``job``: edt's rate
+        controller loop), started on first use."""
+        from shaperd.engine.registry import REGISTRY
 
-            self.edt_loop = EdtLoop(_edt_maps_opener(self.netns, _stamper_pins(caps, self.netns)))
-            self.edt_loop.start()
-        if self.edt_loop is not None:
-            self.edt_loop.set_targets(devices)
+        desired = getattr(getattr(rep, "plan", None), "desired", {})
+        for spec in REGISTRY.specs:
+            if spec.job is None or spec.name not in desired:
+                continue
+            job = self.jobs.get(spec.name)
+            if job is None:
+                job = self.jobs[spec.name] = spec.job(self.netns, caps)
+            job.update(desired[spec.name])
 
     # -- observability -------------------------------------------------
     def _start_observability(self, rec):
@@ -390,24 +391,13 @@ class Daemon:
         settings = self.sm_check_settings or SmCheckSettings()
         self.sm_checker = SmChecker(kernel_reader(settings), settings)
         rdma_metrics.install(self.metrics, self.rdma_sampler, self.sm_checker)
-        from shaperd.backends.devlink import metrics as devlink_metrics  # only where the devlink backend runs (the kernel has the family)
+        # Each running backend's own collector (its spec's ``metrics``): nothing here names a backend.
+        from shaperd.engine.registry import REGISTRY
 
-        for b in rec.enabled:
-            if b.name == "devlink":
-                devlink_metrics.install(self.metrics, b)
-        from shaperd.backends.vfrate import metrics as vfrate_metrics
-
-        vfrate_metrics.install(self.metrics, rec.backends)
-        from shaperd.backends.dcb import metrics as dcb_metrics
-
-        dcb_metrics.install(self.metrics, rec.backends)
-        from shaperd.backends.htb import metrics as classifier_metrics
-
-        classifier_metrics.install(self.metrics, rec.backends)
-
-        from shaperd.backends.edt import metrics as edt_metrics
-
-        edt_metrics.install(self.metrics, lambda: self.edt_loop, rec.backends)
+        running = {b.name: b for b in rec.enabled}
+        for spec in REGISTRY.specs:
+            if spec.metrics is not None and spec.name in running:
+                spec.metrics(self.metrics, running[spec.name], lambda name=spec.name: self.jobs.get(name))
         try:
             server = MetricsServer(self.metrics_address, self.metrics, self.web_config_file)
         except (OSError, ValueError) as e:
@@ -475,26 +465,6 @@ def _rdma_reader(roots):
     from shaperd.discovery.rdma_counters import read_ports
 
     return lambda ports: read_ports(roots, ports)
-
-
-def _stamper_pins(caps, netns: str | None):
-    """The stampers' bpffs PinStore (the same one the edt backend pins into), or None: by id."""
-    from shaperd.engine.reconciler import _stamper_pins as pins_of
-
-    return pins_of(caps, netns) if caps is not None else None
-
-
-def _edt_maps_opener(netns: str | None, pins=None):
-    """open_maps for the edt loop: the stamper's maps found from its filter, read on a socket of the loop's own;
-    through the bpffs ``pins`` (the "edt-stamper" PinStore) when given, else by id."""
-    from shaperd.backends.edt import kernel_stamper as edt_prog
-    from shaperd.kernel.rtnl import RtnlReader
-
-    def open_maps(dp):
-        with RtnlReader(netns) as reader:
-            return edt_prog.open_for_device(reader, dp.ifindex, dp.device, dp.stamper.name, pins)
-
-    return open_maps
 
 
 def _stats_reader(netns: str | None):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shaperd.core import log
-from shaperd.core.protocol import ApplyResult, Backend, BackendStats, ClassTarget, Operation, PlanInput, Support, TargetDiff
+from shaperd.core.protocol import ApplyResult, Backend, BackendStats, ClassTarget, NodeContext, Operation, PlanInput, Support, TargetDiff
 from shaperd.core.config import Config
 from shaperd.discovery import cgroups as cgroups_mod
 from shaperd.discovery import pods as pods_mod
@@ -302,49 +302,37 @@ class Reconciler:
 
 
 def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, netns: str | None = None,
-                     pins=None, stamper_pins=None) -> list[Backend]:
-    """The enforcement paths shaperd runs today, in the order they are reconciled."""
-    from shaperd.backends.dcb.backend import DcbBackend
-    from shaperd.backends.edt.backend import EdtBackend
-    from shaperd.backends.htb.backend import HtbBackend
-    from shaperd.backends.marks.backend import MarksBackend
-    from shaperd.backends.devlink.backend import DevlinkBackend
-    from shaperd.backends.nccl.backend import RdmaBackend
-    from shaperd.backends.vfrate.backend import VfRateBackend
+                     pins=None, stamper_pins=None, capabilities: Capabilities | None = None) -> list[Backend]:
+    """Every registered backend (engine/registry.py), in the order they are reconciled.
 
-    # edt after htb: a device moving between the two is released by one before the other takes it.
-    return [HtbBackend(writer, take_over=take_over, pins=pins), EdtBackend(writer, take_over=take_over, pins=pins,
-                                                                         stamper_pins=stamper_pins),
-            MarksBackend(writer), DevlinkBackend(),
-            DcbBackend(netns, str(roots.run)), RdmaBackend(roots),
-            VfRateBackend(writer, state_file=roots.run / "shaperd" / "vfrate-owned.json")]
+    ``stamper_pins`` is accepted for older callers and ignored: edt derives its own from ``capabilities``."""
+    from shaperd.engine.registry import REGISTRY
+
+    return REGISTRY.build(NodeContext(writer=writer, roots=roots, netns=netns, take_over=take_over,
+                                      classifier_pins=pins, capabilities=capabilities))
 
 
 def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DEFAULT, take_over: bool = False,
               pods_source=None, pod_resources=None) -> Reconciler:
     """A reconciler whose reader and writers all live in one namespace (kernel/netns.py)."""
+    from shaperd.backends.htb.offload_probe import DeviceProbe
+    from shaperd.engine import refusals_file
+    from shaperd.engine.registry import REGISTRY
     from shaperd.kernel import bpf_pins, tc
     from shaperd.kernel.rtnl import RtnlReader
 
     reader = RtnlReader(netns, run_root=str(roots.run))
-    writer = tc.open_writer(netns, str(roots.run))
+    writer = tc.open_writer(netns, str(roots.run), codec=REGISTRY.codec())
     # The map classifier's maps come back through bpffs pins where the probe found them usable.
     pins = bpf_pins.PinStore(caps.bpf_pin_root, bpf_pins.scope_for(netns)) if caps.bpf_adopt == "pins" else None
-    # The edt stampers' pins: where the probe got a stamper back (the map classifier may be refused there).
-    stamper_pins = _stamper_pins(caps, netns)
-    from shaperd.backends.htb.offload_probe import DeviceProbe
-    from shaperd.engine import refusals_file as edt_refused
-
-    rec = Reconciler(reader, default_backends(writer, take_over, roots, netns, pins, stamper_pins), caps, roots=roots,
-                     pods_source=pods_source, pod_resources=pod_resources, device_probe=DeviceProbe(netns, roots))
-    rec.refused_file = edt_refused.path_for(roots.run, netns)
+    rec = Reconciler(reader, default_backends(writer, take_over, roots, netns, pins, capabilities=caps), caps,
+                     roots=roots, pods_source=pods_source, pod_resources=pod_resources,
+                     device_probe=DeviceProbe(netns, roots))
+    rec.refused_file = refusals_file.path_for(roots.run, netns)
     return rec
 
 
-def _stamper_pins(caps: Capabilities, netns: str | None):
-    """The edt stampers' bpffs PinStore ("edt-stamper" part of the scope), or None: their maps found by id."""
-    from shaperd.kernel import bpf_pins
-    from shaperd.backends.edt import kernel_stamper as edt_prog
-
-    root = caps.edt_pin_root or (caps.bpf_pin_root if caps.bpf_adopt == "pins" else "")
-    return bpf_pins.PinStore(root, bpf_pins.scope_for(netns)).sub(edt_prog.STAMPER_PINS) if root else None
+def diff_one(reader, backend, cfg: Config, roots: Roots = DEFAULT) -> Report:
+    """Plan ``backend`` alone as the running agent does and diff it without writing (status sections and
+    the backends' read-only commands get this, so they never import the engine)."""
+    return Reconciler(reader, [backend], Capabilities(), roots=roots).diff(cfg)

@@ -72,13 +72,16 @@ DEVICE_BUDGET_S = 60.0
 PER_WRITE_BUDGET_S = 0.005
 
 
-def open_writer(netns: str | None = None, run_root: str = "/run") -> "TcWriter":
-    """The node's tc writer: a bounded netlink writer (kernel/nlwriter.py) created inside ``netns``."""
+def open_writer(netns: str | None = None, run_root: str = "/run", codec: "Codec | None" = None) -> "TcWriter":
+    """The node's tc writer: a bounded netlink writer (kernel/nlwriter.py) created inside ``netns``; ``codec``:
+    every backend's encoders (the engine hands the registry's), used when apply_ops is given none."""
     try:
         sock = nlwriter.open_rtnl_writer(netns, run_root)
     except OSError as e:
         raise KernelError("open", "rtnetlink socket", netns or "this namespace", e.strerror or str(e), e.errno) from e
-    return TcWriter(nlwriter.NetlinkWriter(sock, netns or "this namespace"), netns, run_root)
+    w = TcWriter(nlwriter.NetlinkWriter(sock, netns or "this namespace"), netns, run_root)
+    w.codec = codec or NO_CODEC
+    return w
 
 
 class TcWriter:
@@ -94,6 +97,7 @@ class TcWriter:
         self.nl = nl
         self.netns, self.run_root = netns, run_root
         self.device_budget_s = device_budget_s
+        self.codec: "Codec" = NO_CODEC  # set by open_writer; apply_ops' default
         self._ipr = None
 
     def nlm_request_batch(self, msgs, *_a, **_kw):
@@ -201,9 +205,10 @@ def build_message(op: Operation, bpf_fd: int | None = None, codec: Codec = NO_CO
     return encode(op, bpf_fd)
 
 
-def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, codec: Codec, sleep=time.sleep,
-              pins=None) -> ApplyResult:
-    """Execute ``ops`` (all on one device) in order, within the device's budget, encoded by ``codec``.
+def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, codec: "Codec | None" = None,
+              sleep=time.sleep, pins=None) -> ApplyResult:
+    """Execute ``ops`` (all on one device) in order, within the device's budget, encoded by ``codec`` (default:
+    the writer's).
 
     ``pins``: the bpffs PinStore the codec's loaders pin their programs and maps in (the edt stampers'), or None.
 
@@ -223,6 +228,7 @@ def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, cod
     result = ApplyResult()
     if not ops:
         return result
+    codec = codec or getattr(writer, "codec", NO_CODEC)
     nl = writer.nl
     clock = nl.clock  # the deadline is on the writer's clock (injectable in tests)
     budget_s = writer.device_budget_s + len(ops) * PER_WRITE_BUDGET_S

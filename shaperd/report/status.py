@@ -134,7 +134,7 @@ def main(args) -> int:
 
 def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
     from shaperd.backends.htb.offload_probe import DeviceProbe
-    from shaperd.backends.common import classifier_status
+    from shaperd.backends.htb import classifier_status
     from shaperd.engine import refusals_file as edt_refused
     from shaperd.backends.edt import status as edt_status
     from shaperd.report import nic_status

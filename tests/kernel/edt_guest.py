@@ -278,7 +278,7 @@ def isolation(bed: Bed, cfg, rec, dataplane: str, alone_s: float = 3.0, both_s: 
     ids = classids(cfg)
     loop = None
     if dataplane == "edt":
-        from shaperd.daemon.service import _edt_maps_opener
+        from shaperd.backends.edt.loop import maps_opener as _edt_maps_opener
 
         loop = EdtLoop(_edt_maps_opener(bed.node))
         plan = rec.plan(cfg)
@@ -349,7 +349,7 @@ def cpu_per_packet(bed: Bed, cfg, senders: int, seconds: float = 3.0, rec=None, 
     ids = classids(cfg)
     loop = None
     if rec is not None and dataplane == "edt":
-        from shaperd.daemon.service import _edt_maps_opener
+        from shaperd.backends.edt.loop import maps_opener as _edt_maps_opener
         from shaperd.backends.edt.loop import EdtLoop
 
         loop = EdtLoop(_edt_maps_opener(bed.node))

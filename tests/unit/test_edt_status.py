@@ -298,7 +298,7 @@ def test_a_pin_of_another_program_is_not_bypassed_by_id(tmp_path, monkeypatch):
 def _status(monkeypatch, tmp_path, maps_by_dev):
     """cli status with the kernel faked: no HTB class, no RDMA, no NIC sections; the edt maps injected."""
     from shaperd.kernel import rtnl
-    from shaperd.backends.common import classifier_status
+    from shaperd.backends.htb import classifier_status
     from shaperd.report import nic_status
     from shaperd.report import status
 

@@ -147,7 +147,7 @@ def test_status_prints_the_sections_after_the_classes_and_rdma_ports_and_in_its_
     collect = nic_status.collect
     monkeypatch.setattr(rtnl, "RtnlReader", lambda netns=None, **kw: Reader())
     monkeypatch.setattr(status, "sample", lambda reader: {})  # no tc class: the table's empty line
-    from shaperd.backends.common import classifier_status
+    from shaperd.backends.htb import classifier_status
 
     monkeypatch.setattr(classifier_status, "collect", lambda reader: {})  # no shaperd HTB root: no section
     from shaperd.backends.edt import status as edt_status
