@@ -10,11 +10,11 @@ or the signal failed, 2 bad input or output OpenSM would not take.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from shaperd.rdma import opensm
+from shaperd.rdma.opensm import max_vls_arg  # noqa: F401 - the --max-vls type, shared with rdma status
 from shaperd.rdma import opensm_file
 from shaperd.rdma.plan import plan
 from shaperd.core.config import load_file
@@ -42,18 +42,6 @@ def register(sub, node_opts) -> None:
                    help="signal the opensm whose pid this file holds (default: every opensm reading OPTS_FILE)")
     p.add_argument("--no-signal", action="store_true", help="with --write: write the file, do not signal opensm")
     p.set_defaults(fn=run)
-
-
-def max_vls_arg(text: str) -> tuple[str, int]:
-    kind, sep, num = text.rpartition("=")
-    kind = kind if sep else "default"
-    if kind != "default" and kind not in opensm.PORT_TYPES:
-        raise argparse.ArgumentTypeError(f"unknown port type {kind!r} in {text!r}; expected N or TYPE=N with TYPE "
-                                         f"one of {', '.join(opensm.PORT_TYPES)}")
-    if not num.isdigit() or not 1 <= int(num) <= opensm.MAX_DATA_VLS:
-        raise argparse.ArgumentTypeError(f"expected 1-{opensm.MAX_DATA_VLS} data VLs (VL0-VL14; VL15 is the "
-                                         f"management VL), got {num!r}")
-    return kind, int(num)
 
 
 def _err(msg: str) -> None:

@@ -202,6 +202,9 @@ class StatusInput:
     bpffs_root: str = ""
     run_root: str = "/run"
     diff_one: Callable | None = None
+    # backend name -> {device: {"reason": ...}}: what the applying process found this kernel refuses
+    # (engine/refusals_file.py), read for the sections by the status frame.
+    refused: dict = field(default_factory=dict)
 
 
 def _always(_cfg) -> bool:

@@ -239,7 +239,7 @@ def _sm_check(args):
 
 
 def register(sub, node_opts) -> None:
-    from shaperd.cli.rdma_opensm import max_vls_arg
+    from shaperd.rdma.opensm import max_vls_arg
 
     p = sub.add_parser("status", help="RDMA devices and ports: owners, SL and TC, counters and rates, notes")
     node_opts(p)

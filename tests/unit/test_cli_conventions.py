@@ -186,8 +186,8 @@ def test_colour_only_on_a_terminal_and_never_with_no_color():
 
 def test_top_colours_its_bar_only_when_allowed():
     s = TenantSeries(Target("a", "eth0", 0x73680010), guarantee_bps=100, limit_bps=200, rate_bps=150.0)
-    coloured = top.render((s,), {}, 2.0, color=True)
-    plain = top.render((s,), {}, 2.0, color=False)
+    coloured = top.render([top.PlaneView("htb", (s,))], {}, 2.0, color=True)
+    plain = top.render([top.PlaneView("htb", (s,))], {}, 2.0, color=False)
     assert "\x1b[32m#" in coloured and "\x1b[33m+" in coloured
     assert "\x1b" not in plain
     strip = coloured

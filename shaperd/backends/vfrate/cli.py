@@ -51,16 +51,16 @@ def rows(backend, report, refusals: dict | None = None) -> list[dict]:
     return out
 
 
-def read(cfg, roots, reader, kernel=None):
-    """Plan as the running agent does and diff without writing: (backend, report, refusals), for rows()/as_json()."""
+def read(cfg, roots, reader, diff_one, kernel=None):
+    """Plan as the running agent does and diff without writing: (backend, report, refusals), for rows()/as_json().
+
+    ``diff_one(reader, backend, cfg, roots)``: the engine's read-only plan-and-diff (engine/reconciler.py)."""
     from shaperd.backends.vfrate.backend import VfRateBackend, read_refusals
-    from shaperd.engine.reconciler import Reconciler
-    from shaperd.core.inventory import Capabilities
 
     refusals = read_refusals(roots.run / "shaperd" / "vfrate-owned.json")
     backend = VfRateBackend(writer=None, kernel=kernel)  # no record: this command writes nothing, not even that
     backend.adopt_refusals(cfg, refusals)  # plan as the running agent does
-    rep = Reconciler(reader, [backend], Capabilities(), roots=roots).diff(cfg)
+    rep = diff_one(reader, backend, cfg, roots)
     return backend, rep, refusals
 
 
@@ -78,7 +78,7 @@ def run(args) -> int:
     cfg = load_file(args.config)
     roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
     with RtnlReader(args.netns, run_root=args.run_root) as reader:
-        backend, rep, refusals = read(cfg, roots, reader)
+        backend, rep, refusals = read(cfg, roots, reader, args.diff_one)
     out = as_json(backend, rep, refusals)
     table = out["vfs"]
     bad = [t for t in rep.devices if t.ops or t.blocked or t.error]
