@@ -391,13 +391,7 @@ class Daemon:
         settings = self.sm_check_settings or SmCheckSettings()
         self.sm_checker = SmChecker(kernel_reader(settings), settings)
         rdma_metrics.install(self.metrics, self.rdma_sampler, self.sm_checker)
-        # Each running backend's own collector (its spec's ``metrics``): nothing here names a backend.
-        from shaperd.engine.registry import REGISTRY
-
-        running = {b.name: b for b in rec.enabled}
-        for spec in REGISTRY.specs:
-            if spec.metrics is not None and spec.name in running:
-                spec.metrics(self.metrics, running[spec.name], lambda name=spec.name: self.jobs.get(name))
+        install_backend_metrics(self.metrics, rec.enabled, self.jobs)
         try:
             server = MetricsServer(self.metrics_address, self.metrics, self.web_config_file)
         except (OSError, ValueError) as e:
@@ -458,6 +452,17 @@ def rdma_targets(cfg, rep) -> dict:
     if owners is None:
         owners = rdma_plan(cfg, inv, rep.plan.tenancy).owners
     return targets_of(inv.rdma, owners)
+
+
+def install_backend_metrics(metrics, running, jobs: dict) -> None:
+    """Each running backend's own collector (its spec's ``metrics``): nothing here names a backend.
+    ``jobs``: backend name -> its background job, looked up when scraped (started after the first reconcile)."""
+    from shaperd.engine.registry import REGISTRY
+
+    by_name = {b.name: b for b in running}
+    for spec in REGISTRY.specs:
+        if spec.metrics is not None and spec.name in by_name:
+            spec.metrics(metrics, by_name[spec.name], lambda name=spec.name: jobs.get(name))
 
 
 def _rdma_reader(roots):
