@@ -52,7 +52,7 @@ def prose_paragraphs(text: str):
     start = 0
     last = 0
     for n, line in prose_lines(text):
-        if line.startswith("|"):  # a table row is a paragraph of its own: no span crosses rows
+        if line.startswith(("|", "#")):  # a table row or a heading is a paragraph of its own
             if block:
                 yield start, "\n".join(block)
             yield n, line
