@@ -1,4 +1,4 @@
-"""The HTB backend's objects, as plain data: root qdisc, classes, leaf queues, filters.
+"""The tc object model the tc backends share, as plain data: root qdisc, classes, leaf queues, filters.
 
 Desired state (from the planner) and observed state (from the kernel reader)
 are described with the same types, so the diff compares like with like, field
