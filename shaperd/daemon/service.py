@@ -17,6 +17,24 @@ SM's SL2VL/VLArb tables on the node's InfiniBand ports every 60 s
 With Kubernetes, the kubelet's pod-resources socket is looked at on the
 same file-poll tick: a socket that appears or is replaced (kubelet restart)
 reconnects the client and triggers a reconcile (discovery/podresources/).
+
+What the node is told (systemd, report/sdnotify.py; the same words on
+/healthz and /readyz): READY=1 once the first reconcile *ran*, i.e.
+``rec.apply`` returned a report: it applied, found the node in sync, or did
+what it could (a failing or degraded node is ready and says which in
+STATUS=). Until then STATUS= says what that first reconcile waits for: a
+valid tenants file, the first pod list, the Cilium or Volcano lists, reading
+the node, or the error of the last attempt. A node that never gets that far
+never becomes ready: systemd fails the start after TimeoutStartSec (90 s in
+systemd/shaperd.service) and restarts it, so an agent that cannot even read
+the node is not reported as started. After READY=1, STATUS= follows every
+change: "N tenants, M reconciles, in sync", "failing", or "degraded: ..."
+(report/degraded.py): a plan problem or a target left alone (a root qdisc
+that is not shaperd's), with the count and the first reason; the
+``shaperd_degraded_targets`` gauge carries the count. Degraded is not a
+failure: it is not retried sooner, and the watchdog stays fed (a restart
+does not remove a foreign qdisc). Only a loop that stops (hangs) or whose
+reconciles fail WATCHDOG_MAX_FAILURES times in a row stops feeding it.
 """
 
 from __future__ import annotations
@@ -30,6 +48,7 @@ from shaperd.core import log
 from shaperd.core.config import Config, load_text
 from shaperd.core.errors import ConfigError, KernelError, ShaperdError
 from shaperd.engine.config_watch import ConfigWatch
+from shaperd.report.degraded import of_report as degraded_of
 
 FILE_POLL_S = 1.0
 # Coalesce a burst of link/tc events (including the echo of our own writes) into one reconcile.
@@ -73,6 +92,11 @@ class Daemon:
         self.reload_requested = False
         self.failures = 0
         self.reconciles = 0
+        # READY=1 waits for the first reconcile that ran (rec.apply returned); until then STATUS= says
+        # what it waits for (``waiting_for``).
+        self.reconciled_once = False
+        self.waiting_for = "reading the node"
+        self.degraded = None  # report.degraded.Degraded of the last reconcile that ran
         self.metrics_address = metrics_address or None
         self.web_config_file = web_config_file or None  # report/webconfig.py: TLS and basic auth on /metrics
         self.netns = netns
@@ -169,6 +193,7 @@ class Daemon:
                       capabilities=list(rec.capabilities.notes))
         if self.config_source is None:
             self.load("start", force=True)  # a ConfigMap loads when its first list arrives (config_changed)
+        self.notify.status(self._status())  # what the first reconcile waits for
         due = time.monotonic()  # reconcile now
         next_resync = due + self.resync_s
         next_poll = time.monotonic() + FILE_POLL_S
@@ -213,7 +238,7 @@ class Daemon:
                     due = self.reconcile(rec)
                     self._drain()  # the echo of our own writes is not news
                     next_resync = time.monotonic() + self.resync_s
-                self.notify.loop_pass(healthy=self.failures < WATCHDOG_MAX_FAILURES, status=self._status())
+                self.notify.loop_pass(healthy=self.healthy, status=self._status(), ready=self.reconciled_once)
         finally:
             self.notify.stopping()
             if self.pods is not None:
@@ -244,11 +269,22 @@ class Daemon:
         self.log.info("stopped; enforcement left in place", reconciles=self.reconciles)
         return 0
 
+    @property
+    def healthy(self) -> bool:
+        """The watchdog's verdict: fewer than WATCHDOG_MAX_FAILURES reconciles failed in a row. Degraded
+        (a plan problem, a target left alone) is not a failure: it keeps the watchdog fed."""
+        return self.failures < WATCHDOG_MAX_FAILURES
+
     def _status(self) -> str:
-        """One line for systemd's STATUS= (systemctl status)."""
-        if self.config is None:
-            return "no valid tenants file yet; nothing enforced"
+        """One line for systemd's STATUS= (systemctl status): what the first reconcile waits for, then how it went."""
+        if not self.reconciled_once:
+            if self.config is None:
+                src = self.config_source.describe if self.config_source is not None else self.path
+                return f"waiting for the first reconcile: no valid tenants file yet ({src}); nothing enforced"
+            return f"waiting for the first reconcile: {self.waiting_for}"
         state = "failing" if self.failures else "in sync"
+        if self.degraded:
+            state = f"{state}; {self.degraded.line()}" if self.failures else self.degraded.line()
         return f"{len(self.config.tenants)} tenants, {self.reconciles} reconciles, {state}"
 
     def _drain(self):
@@ -299,11 +335,14 @@ class Daemon:
                 # Until the first pod list, an empty snapshot means "unknown", not "no pods":
                 # leave the kernel as it is (a restarted agent keeps the previous enforcement).
                 self.log.info("waiting for the first pod list before reconciling", error=self.pods.last_error)
+                self._waiting("the first pod list from the API server"
+                              + (f" ({self.pods.last_error})" if self.pods.last_error else ""))
                 return time.monotonic() + 1.0
         cfg = self.config
         if self.cilium is not None:
             if not self.cilium.has_synced and time.monotonic() - self._cilium_since < VOLCANO_SYNC_WAIT_S:
                 self.log.info("waiting for the first CiliumNetworkPolicy lists before reconciling")
+                self._waiting("the first CiliumNetworkPolicy lists")
                 return time.monotonic() + 1.0
             cfg = self.cilium.effective(cfg)  # bounded wait: unlisted policies add nothing
         if self.volcano_factory is not None:
@@ -319,6 +358,7 @@ class Daemon:
                     # a Volcano watch that cannot list (RBAC, API down) never costs the others enforcement.
                     if time.monotonic() - self._volcano_since < VOLCANO_SYNC_WAIT_S:
                         self.log.info("waiting for the first Volcano PodGroup and Queue lists before reconciling")
+                        self._waiting("the first Volcano PodGroup and Queue lists")
                         return time.monotonic() + 1.0
                     if not self._volcano_unsynced_said:
                         self._volcano_unsynced_said = True
@@ -331,18 +371,24 @@ class Daemon:
         self.reconciles += 1
         gen = self.config_gen
         start = time.perf_counter()
+        self._waiting("reading the node")
         try:
             rep = rec.apply(cfg)
         except ShaperdError as e:
             self.failures += 1
             delay = RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
             self.log.error("reconcile failed", error=str(e), retry_in_s=delay)
+            self._waiting(f"the last attempt failed, retrying in {delay:g} s: {e}")
             if self.metrics:
                 from shaperd.report.metrics import exception_kind
 
                 self.metrics.reconciled(time.perf_counter() - start, {exception_kind(e)}, ok=False, drift=False)
             return time.monotonic() + delay
+        # Failed: a write refused or a target unreadable (retried with backoff, counted against the watchdog).
+        # Degraded: a plan problem or a target left alone; reported, never retried sooner (nothing would change).
         failed = any(d.failed or d.error for d in rep.devices)
+        self.reconciled_once = True
+        self.degraded = degraded_of(rep)
         drift = rep.changes > 0 and self.applied_gen == gen
         self.log.info("reconciled", changes=rep.changes, devices=len(rep.planned_devices),
                       duration_ms=round(rep.duration_s * 1000, 1), ok=rep.ok, drift_repair=drift)
@@ -357,6 +403,12 @@ class Daemon:
         self.failures = 0
         self.applied_gen = gen
         return None
+
+    def _waiting(self, what: str) -> None:
+        """Before the first reconcile ran: what it waits for, in STATUS= at once (the loop may be busy a while)."""
+        if not self.reconciled_once:
+            self.waiting_for = what
+            self.notify.status(self._status())
 
     def _edt_rates(self, rep, caps=None) -> None:
         """Hand the edt plan to the rate controller loop (engine/edt_loop.py), starting it on first use."""
@@ -426,7 +478,8 @@ class Daemon:
         from shaperd.report.metrics import report_error_kinds
 
         eps = rep.endpoints if self.config else None
-        self.metrics.reconciled(rep.duration_s, report_error_kinds(rep), ok=ok, drift=drift, endpoints=eps)
+        self.metrics.reconciled(rep.duration_s, report_error_kinds(rep), ok=ok, drift=drift, endpoints=eps,
+                                degraded=self.degraded)
         if self.pods is not None and self.config is not None:
             pods = {t.name: 0 for t in self.config.tenants}
             for tenant in rep.plan.pod_tenants.values():
