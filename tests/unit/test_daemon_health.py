@@ -162,3 +162,124 @@ def test_before_the_first_reconcile_status_says_what_it_waits_for_and_ready_wait
         assert msgs[-1]["STATUS"] == f"1 tenants, 2 reconciles, {LINE}"  # a reconcile that ran resets the failures
     finally:
         rx.close()
+
+
+# -- Daemon.run: start-up, loop, shutdown on an ExitStack ------------------------------------------
+
+class FakeEvents:
+    """The kernel event socket, as a pipe nothing writes to."""
+
+    def __init__(self, netns=None, **kw):
+        self.r, self.w = os.pipe()
+        self.closed = False
+
+    def fileno(self):
+        return self.r
+
+    def drain(self):
+        return events_mod.Drained()
+
+    def close(self):
+        os.close(self.r)
+        os.close(self.w)
+        self.closed = True
+
+
+class Component:
+    """A watcher whose stop (or close) raises: it records the call first."""
+
+    def __init__(self, name, calls, synced=True):
+        self.name, self.calls = name, calls
+        self.has_synced = self.synced = synced
+        self.last_error = None
+
+    def start(self, on_change=None):
+        self.calls.append(f"start {self.name}")
+        if on_change is not None:
+            on_change()  # the ConfigMap's first list
+
+    def stop(self):
+        self.calls.append(f"stop {self.name}")
+        raise RuntimeError(f"{self.name} would not stop")
+
+    close = stop
+
+    def snapshot(self):
+        return {}
+
+    def effective(self, cfg):
+        return cfg
+
+    def poll(self):
+        return False
+
+    def load(self):
+        return CFG
+
+    describe = "configmap shaperd-system/tenants"
+
+
+@pytest.fixture
+def fake_events(monkeypatch):
+    made = []
+
+    def make(netns=None, **kw):
+        made.append(FakeEvents())
+        return made[-1]
+
+    monkeypatch.setattr(events_mod, "KernelEvents", make)
+    return made
+
+
+def test_a_stop_that_raises_does_not_keep_the_others_from_stopping(fake_events, tmp_path):
+    calls: list[str] = []
+    parts = {n: Component(n, calls) for n in ("pods", "configmap", "cilium", "pod-resources")}
+    d = Daemon(str(tmp_path / "unused.yaml"), None, pod_watcher_factory=lambda on_change: parts["pods"],
+               config_source=parts["configmap"], cilium_factory=lambda on_change: parts["cilium"],
+               pod_resources=parts["pod-resources"])
+    rx_path = str(tmp_path / "notify")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(rx_path)
+    rx.setblocking(False)
+    d.notify = Notifier({"NOTIFY_SOCKET": rx_path}, pid=1)
+    rec = FakeRec(report(blocked=("v0",)))
+
+    def apply(cfg):
+        d.stop = True  # one reconcile, then the loop ends as on SIGTERM
+        return report(blocked=("v0",))
+
+    rec.apply = apply
+    d.make_reconciler = lambda pods: rec
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert d.run() == 1  # a stop failed: said in the exit code
+        msgs = []
+        while True:
+            try:
+                msgs.append(rx.recv(4096).decode())
+            except BlockingIOError:
+                break
+    finally:
+        rx.close()
+    stops = [c for c in calls if c.startswith("stop")]
+    assert stops == ["stop pod-resources", "stop cilium", "stop configmap", "stop pods"]  # all, in reverse of start
+    assert d._stop_failed == ["pod-resources client", "CiliumNetworkPolicy view", "ConfigMap watcher", "pod watcher"]
+    assert fake_events[0].closed  # what was registered first still ran
+    assert signal.getsignal(signal.SIGTERM) is before  # the handlers are given back
+    assert any(f"READY=1\nSTATUS=1 tenants, 1 reconciles, {LINE}" in m for m in msgs), msgs
+    assert msgs[-1].startswith("STOPPING=1")  # said first at shutdown, the datagrams after it did not fail it
+    assert d.notify._sock is None  # and the notify socket closed last
+
+
+def test_a_start_up_that_fails_half_way_stops_what_had_started(fake_events, tmp_path):
+    calls: list[str] = []
+    pods = Component("pods", calls)
+    pods.stop = lambda: calls.append("stop pods")
+
+    def no_reconciler(_pods):
+        raise KernelError("open", "netlink socket", "node", "Permission denied", 1)
+
+    d = Daemon(str(tmp_path / "t.yaml"), no_reconciler, pod_watcher_factory=lambda on_change: pods)
+    with pytest.raises(KernelError):
+        d.run()
+    assert calls == ["start pods", "stop pods"] and fake_events[0].closed
