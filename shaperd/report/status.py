@@ -8,7 +8,10 @@ same instants and shown beside it (report/rdma_view.py): the tenants' RDMA
 ports and what they sent. After them, one section per NIC backend that has
 something on this node (report/nic_status.py: VF rates, devlink rate groups,
 RoCE DCB; configured vs read back), read through the same functions as
-``shaperd rdma vf-rates``, ``rdma devlink`` and ``rdma dcb``.
+``shaperd rdma vf-rates``, ``rdma devlink`` and ``rdma dcb``. Last, where the
+caller gives a ``degraded`` function (the CLI: the plan and read of
+``shaperd diff``), the "degraded: ..." line of report/degraded.py, and
+``degraded`` in -o json.
 """
 
 from __future__ import annotations
@@ -112,7 +115,8 @@ def render_table(rs: list[Row], empty_note: str = "(no device carries shaperd's 
     return text
 
 
-def main(args) -> int:
+def main(args, degraded=None) -> int:
+    """``degraded``: None, or a function returning report.degraded.Degraded for this instant (called per window)."""
     from shaperd.kernel.rtnl import RtnlReader
 
     from shaperd.core.roots import Roots
@@ -127,12 +131,12 @@ def main(args) -> int:
     edt = edt_status.EdtWatch(edt_status.Labels.load(args.config, args.sysfs_root),
                               edt_status.pins_for(getattr(args, "bpffs_root", ""), getattr(args, "netns", None)))
     try:
-        return _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt)
+        return _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt, degraded)
     finally:
         edt.close()
 
 
-def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
+def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt, degraded=None) -> int:
     from shaperd.backends.htb.offload_probe import DeviceProbe
     from shaperd.backends.common import classifier_status
     from shaperd.engine import refusals_file as edt_refused
@@ -157,10 +161,12 @@ def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
         paths = classifier_status.with_offload_reasons(
             classifier_status.collect(ipr), ipr.links(), offload_probe,
             edt_refused.read(edt_refused.path_for(getattr(args, "run_root", "/run"), getattr(args, "netns", None))).get("htb"))
+        deg = degraded() if degraded is not None else None  # plan problems and targets left alone
         if output.machine(args):  # -o json: one compact line per window (JSON lines under --watch)
             extra = {"classifier": paths} if paths else {}  # only where a device carries shaperd's HTB
             doc = {"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs], **edt.doc(),
-                   "rdma": rdma_view.tenant_rows(ports), **nic, **extra, **edt_refused.doc(args)}
+                   "rdma": rdma_view.tenant_rows(ports), **nic, **extra, **edt_refused.doc(args),
+                   **({"degraded": deg.doc()} if deg is not None else {})}
             print(("---\n" if args.watch and args.output == "yaml" else "") + output.dump(doc, args.output, indent=None))
             for err in edt.errors.values():
                 print(f"shaperd: {err}", file=sys.stderr)
@@ -178,7 +184,12 @@ def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
                 print("\n" + classifier_status.render(paths))
             if refused := edt_refused.render(args):
                 print("\n" + refused)
+            if deg:
+                print("\n" + deg.render())
         sys.stdout.flush()
         if not args.watch:
-            return 1 if edt.errors else 0  # a device unreadable: the others were shown (cli: 1 a device failed)
+            if deg and deg.problems:
+                return 2  # as plan and apply: the tenants file asks for what this node cannot plan
+            # a device unreadable, or a target left alone (as apply: 1 a device failed); the others were shown
+            return 1 if edt.errors or deg else 0
         prev, t0 = cur, t1

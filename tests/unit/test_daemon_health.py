@@ -283,3 +283,59 @@ def test_a_start_up_that_fails_half_way_stops_what_had_started(fake_events, tmp_
     with pytest.raises(KernelError):
         d.run()
     assert calls == ["start pods", "stop pods"] and fake_events[0].closed
+
+
+# -- shaperd status ------------------------------------------------------------------------------
+
+class Reader:
+    def links(self):
+        return []
+
+    def routes(self, family):
+        return []
+
+
+def test_status_prints_the_degraded_line_puts_it_in_json_and_exits_by_the_cli_convention(monkeypatch, tmp_path,
+                                                                                         capsys):
+    from shaperd.backends.common import classifier_status
+    from shaperd.backends.edt import status as edt_status
+    from shaperd.kernel import rtnl
+    from shaperd.report import nic_status, status
+
+    monkeypatch.setattr(rtnl, "RtnlReader", lambda netns=None, **kw: Reader())
+    monkeypatch.setattr(status, "sample", lambda reader: {})
+    monkeypatch.setattr(classifier_status, "collect", lambda reader: {})
+    monkeypatch.setattr(nic_status, "collect", lambda *a, **kw: {})
+    monkeypatch.setattr(edt_status, "devices", lambda reader: [])
+    opened = []
+    got = {"rep": report(blocked=("v0",))}
+
+    def reconciler(args, **kw):
+        opened.append(args)
+        return SimpleNamespace(diff=lambda cfg: got["rep"])
+
+    monkeypatch.setattr(cli, "_reconciler", reconciler)
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("node: {interfaces: [v0, v1], capacity: 1Gbps}\n"
+                   "tenants: [{name: a, bandwidthGuarantee: 100Mbps, priority: 1}]\n")
+    argv = ["status", "--config", str(cfg), "--sysfs-root", str(tmp_path), "--run-root", str(tmp_path),
+            "--interval", "0"]
+    assert cli.main(argv) == 1  # a target left alone: as apply, 1
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1] == LINE
+    assert cli.main(argv + ["-o", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["degraded"] == {"count": 1, "summary": LINE, "problems": [],
+                               "blocked": [{"backend": "htb", "target": "v0", "reason": FOREIGN}]}
+    got["rep"] = report(problems=[ConfigProblem("node.capacity", "unknown (device v1)")])
+    assert cli.main(argv + ["-o", "json"]) == 2  # a plan problem: as plan and apply, 2
+    assert json.loads(capsys.readouterr().out)["degraded"]["problems"] == ["node.capacity: unknown (device v1)"]
+    got["rep"] = report()
+    assert cli.main(argv) == 0
+    assert "degraded" not in capsys.readouterr().out
+    assert cli.main(argv + ["-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["degraded"]["count"] == 0
+    cfg.write_text("tenants: [{name: a}]\n")  # no valid tenants file: no plan, no key, exit as before
+    assert cli.main(argv + ["-o", "json"]) == 0
+    assert "degraded" not in json.loads(capsys.readouterr().out)
+    assert len(opened) == 5  # one reconciler per run (one per process), never without a tenants file

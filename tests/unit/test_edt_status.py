@@ -306,6 +306,7 @@ def _status(monkeypatch, tmp_path, maps_by_dev):
     monkeypatch.setattr(status, "sample", lambda reader: {})
     monkeypatch.setattr(classifier_status, "collect", lambda reader: {})
     monkeypatch.setattr(nic_status, "collect", lambda *a, **kw: {})
+    monkeypatch.setattr(cli, "_status_degraded", lambda args: None)  # no plan and diff of the host's kernel
 
     def open_maps(reader, dev, pins):
         m = maps_by_dev[dev.device]

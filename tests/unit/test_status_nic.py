@@ -146,6 +146,7 @@ def test_status_prints_the_sections_after_the_classes_and_rdma_ports_and_in_its_
 
     collect = nic_status.collect
     monkeypatch.setattr(rtnl, "RtnlReader", lambda netns=None, **kw: Reader())
+    monkeypatch.setattr(cli, "_status_degraded", lambda args: None)  # no plan and diff of the host's kernel
     monkeypatch.setattr(status, "sample", lambda reader: {})  # no tc class: the table's empty line
     from shaperd.backends.common import classifier_status
 
