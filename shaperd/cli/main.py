@@ -311,9 +311,31 @@ def cmd_run(args) -> int:
 
 
 def cmd_status(args) -> int:
+    """Live class stats, then what the node does not enforce. Exit 0: all planned is enforced; 1: a device
+    could not be read, or a target is left alone (degraded; ``apply`` exits 1 there too); 2: the tenants file
+    asks for what this node cannot plan (degraded by a plan problem; as ``plan`` and ``apply``)."""
     from shaperd.report import status
 
-    return status.main(args)
+    return status.main(args, degraded=_status_degraded(args))
+
+
+def _status_degraded(args):
+    """A function for status's "degraded" line (report/degraded.py): the plan and read of ``diff``, nothing written;
+    None without a valid tenants file (status then shows classes by id only)."""
+    try:
+        cfg = _load(args.config)
+    except ConfigError:
+        return None
+    from shaperd.report.degraded import of_report
+
+    opened = []
+
+    def degraded():
+        if not opened:
+            opened.append(_reconciler(args))  # probed once, as diff does (root only); --watch re-reads per window
+        return of_report(opened[0].diff(cfg))
+
+    return degraded
 
 
 def cmd_top(args) -> int:
@@ -415,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="as given to 'rdma opensm-config': the SM-table check expects those tables (default 8)")
     p.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("status", help="live per-tenant class stats from the kernel")
+    p = sub.add_parser("status", help="live per-tenant class stats from the kernel, and what is not enforced "
+                       "(exit 1 a device unreadable or left alone, 2 a plan problem)")
     node_opts(p)
     output.add_output(p)
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")

@@ -2,7 +2,9 @@
 
 ``/healthz``: the process is alive and its loop ticks (liveness probe).
 ``/readyz``: a tenants file is loaded and the last reconcile succeeded
-(readiness probe). Both answer 200 or 503 with a one-line reason. Served
+(readiness probe). Both answer 200 or 503 with a one-line reason; on a
+degraded node (report/degraded.py) both stay 200 and the reason carries the
+"degraded: ..." line (report/health.py says why). Served
 from a daemon thread; a scrape never touches the kernel (collectors read
 snapshots).
 

@@ -6,7 +6,9 @@ htb's classes and classifier paths, edt's stampers, the NIC backends' configured
 the tenants' RDMA ports (report/rdma_view.py: what they sent, measured at the HCA) and, last, the
 uplinks on htb because the kernel refused edt (engine/refusals_file.py). A section with nothing
 on this node has no key and prints nothing; a section whose read fails says so in its place and
-the others are still shown. Exit 1 when a section could not read a device (the others were shown).
+the others are still shown. Last, where the caller gives a ``degraded`` function (the CLI: the plan
+and read of ``shaperd diff``), the "degraded: ..." line of report/degraded.py, and ``degraded`` in
+-o json. Exit 1 when a section could not read a device or a target is left alone, 2 for a plan problem.
 """
 
 from __future__ import annotations
@@ -106,13 +108,14 @@ def sections_for(inp: StatusInput, args) -> list:
     return sorted(out, key=lambda s: s.order)
 
 
-def main(args) -> int:
+def main(args, degraded=None) -> int:
+    """``degraded``: None, or a function returning report.degraded.Degraded for this instant (called per window)."""
     from shaperd.kernel.rtnl import RtnlReader
 
     reader = RtnlReader(getattr(args, "netns", None))
     sections = sections_for(status_input(args), args)
     try:
-        return _loop(args, reader, sections)
+        return _loop(args, reader, sections, degraded)
     finally:
         for s in sections:
             s.close()
@@ -131,7 +134,7 @@ def _sample_all(sections, reader) -> None:
         s.sample(reader)
 
 
-def _loop(args, reader, sections) -> int:
+def _loop(args, reader, sections, degraded=None) -> int:
     _sample_all(sections, reader)
     t0 = time.monotonic()
     while True:
@@ -142,6 +145,9 @@ def _loop(args, reader, sections) -> int:
         for s in sections:
             doc.update(_collect(s, reader))
         errors = [e for s in sections for e in s.errors()]
+        deg = degraded() if degraded is not None else None  # plan problems and targets left alone
+        if deg is not None:
+            doc["degraded"] = deg.doc()
         if output.machine(args):  # -o json: one compact line per window (JSON lines under --watch)
             print(("---\n" if args.watch and args.output == "yaml" else "") + output.dump(doc, args.output, indent=None))
             for err in errors:
@@ -150,10 +156,15 @@ def _loop(args, reader, sections) -> int:
             if args.watch and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")
             texts = [t for t in (_render(s, doc) for s in sections) if t]
+            if deg:
+                texts.append(deg.render())
             print("\n\n".join(texts))
         sys.stdout.flush()
         if not args.watch:
-            return 1 if errors else 0  # a device unreadable: the others were shown (cli: 1 a device failed)
+            if deg and deg.problems:
+                return 2  # as plan and apply: the tenants file asks for what this node cannot plan
+            # a device unreadable, or a target left alone (as apply: 1 a device failed); the others were shown
+            return 1 if errors or deg else 0
         t0 = t1
 
 

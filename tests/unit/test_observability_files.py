@@ -14,6 +14,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shaperd.core.config import load_text
+from shaperd.report.degraded import Degraded
 from shaperd.report.metrics import Metrics
 from shaperd.report.sampler import Sampler, Target
 
@@ -47,7 +48,8 @@ def exposed_names() -> set[str]:
     cfg = load_text("tenants: [{name: a, bandwidthGuarantee: 1Gbps, priority: 1}]")
     m.config_loaded(True, cfg)
     m.config_loaded(False)
-    m.reconciled(0.01, {"plan"}, ok=True, drift=False, endpoints={"a": {"cidr": 1, "interface": 0}})
+    m.reconciled(0.01, {"plan"}, ok=True, drift=False, endpoints={"a": {"cidr": 1, "interface": 0}},
+                 degraded=Degraded())
     names = set()
     for fam in text_string_to_metric_families(generate_latest(m.registry).decode()):
         names.update(sample.name for sample in fam.samples)

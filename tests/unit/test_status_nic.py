@@ -172,7 +172,6 @@ def test_status_prints_the_sections_after_the_classes_and_rdma_ports_and_in_its_
                                                                                       capsys):
     from shaperd.cli import main as cli
     from shaperd.kernel import rtnl
-    from shaperd.report import status
 
     from shaperd.backends.dcb import status as dcb_status
     from shaperd.backends.devlink import status as devlink_status
@@ -180,6 +179,7 @@ def test_status_prints_the_sections_after_the_classes_and_rdma_ports_and_in_its_
     from shaperd.backends.vfrate import status as vf_status
 
     monkeypatch.setattr(rtnl, "RtnlReader", lambda netns=None, **kw: Reader())
+    monkeypatch.setattr(cli, "_status_degraded", lambda args: None)  # no plan and diff of the host's kernel
     monkeypatch.setattr(htb_status, "sample", lambda reader: {})  # no tc class: the table's empty line
     from shaperd.backends.htb import classifier_status
 
