@@ -11,7 +11,16 @@ backend with six steps:
 - ``apply(target_diff, batch)``: side effects only: execute the operations;
 - ``stats(desired)``: what it contributes to status and metrics.
 
-``teardown(observed)`` is the diff against "nothing desired" (pure).
+``teardown(observed)`` (pure) says what "nothing desired" is for the
+backend: one TargetDiff per target it found, with the removals (none where
+nothing of its is there), and ``error`` set where the target could not be
+read (with whatever removals it could still plan there). It filters
+nothing: the engine (shaperd/engine/teardown.py) keeps the targets with
+removals, an error or ``blocked``, applies the removals, and
+fails the teardown on every target that could not be read, naming it and
+what of the backend's may remain there (the optional ``teardown_remains``
+text, e.g. "its root qdisc 7368: with its classes, leaves and filters").
+
 Optionally ``render(desired) -> str``: the desired state as the equivalent
 command lines of the operators' own tools (``ip link``, ``devlink``,
 ``dcb``), printed by ``shaperd plan`` after the tc commands.
@@ -166,4 +175,6 @@ class Backend(Protocol):
 
     def stats(self, desired: Desired) -> BackendStats: ...
 
-    def teardown(self, observed: Any) -> list[TargetDiff]: ...
+    def teardown(self, observed: Any) -> list[TargetDiff]:
+        """Every target found, against "nothing desired": removals, or ``error`` where unreadable (pure)."""
+        ...

@@ -44,6 +44,8 @@ class EdtObserved:
     pin_entries: list[str] | None = None
     # Entries under the stampers' part (edt-stamper); None without pins or unreadable.
     stamper_pin_entries: list[str] | None = None
+    # Why either pin scope could not be listed: a teardown fails on it.
+    pin_errors: dict[str, str] = field(default_factory=dict)
 
 
 def device_states(reads, inv: Inventory, pins: bpf_pins.PinStore | None = None) -> EdtObserved:
@@ -81,6 +83,8 @@ def device_states(reads, inv: Inventory, pins: bpf_pins.PinStore | None = None) 
 
 class EdtBackend:
     name = "edt"
+    # What may be left on a device a teardown could not read (engine/teardown.py words the failure).
+    teardown_remains = "its stamper and the map classifier on clsact egress"
 
     def __init__(self, writer, take_over: bool = False, pins: bpf_pins.PinStore | None = None,
                  stamper_pins: bpf_pins.PinStore | None = None):
@@ -113,13 +117,13 @@ class EdtBackend:
         if self.pins is not None:
             try:
                 out.pin_entries = self.pins.entries()
-            except bpf_pins.PinError:
-                pass  # not collected this time; the classifier itself was read (or not) above
+            except bpf_pins.PinError as e:
+                out.pin_errors["edt bpffs pins"] = str(e)  # not collected this time
         if self.stamper_pins is not None:
             try:
                 out.stamper_pin_entries = self.stamper_pins.entries()
-            except bpf_pins.PinError:
-                pass  # not collected this time
+            except bpf_pins.PinError as e:
+                out.pin_errors["edt stamper bpffs pins"] = str(e)  # not collected this time
         return out
 
     def diff(self, desired: EdtPlan, observed: EdtObserved) -> list[TargetDiff]:
@@ -186,9 +190,14 @@ class EdtBackend:
         return ApplyResult(applied=first.applied, failed=failed)
 
     def teardown(self, observed: EdtObserved) -> list[TargetDiff]:
-        return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
-                if (d := diff_teardown(st)).ops] + stale_pins(observed.pin_entries, set(), "teardown") + \
-            stale_stamper_pins(observed.stamper_pin_entries, set(), "teardown")
+        out = []
+        for st in sorted(observed.devices.values(), key=lambda s: s.ifindex):
+            td = diff_teardown(st)  # the root is known from the qdisc dump even where the filters were not read
+            td.error = observed.errors.get(st.ifindex)
+            out.append(td)
+        out += stale_pins(observed.pin_entries, set(), "teardown")
+        out += stale_stamper_pins(observed.stamper_pin_entries, set(), "teardown")
+        return out + [TargetDiff(where, error=err) for where, err in sorted(observed.pin_errors.items())]
 
     def render(self, desired: EdtPlan) -> str:
         from shaperd.backends.edt.render import render

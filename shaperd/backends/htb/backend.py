@@ -37,6 +37,8 @@ class HtbObserved:
     names: dict[int, str] = field(default_factory=dict)
     # Entries under the bpffs pin scope (device names, crash leftovers); None without pins or unreadable.
     pin_entries: list[str] | None = None
+    # Why the pin scope could not be listed (pin_entries is None then): a teardown fails on it.
+    pin_error: str | None = None
 
 
 class OffloadRefused(KernelError):
@@ -59,6 +61,8 @@ OFFLOAD_REFUSALS = frozenset({errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSPC, errn
 
 class HtbBackend:
     name = "htb"
+    # What may be left on a device a teardown could not read (engine/teardown.py words the failure).
+    teardown_remains = "its root qdisc 7368: with its classes, leaves and filters, and its map classifier"
 
     def __init__(self, writer, settings: HtbSettings = HtbSettings(), take_over: bool = False,
                  pins: bpf_pins.PinStore | None = None):
@@ -134,6 +138,7 @@ class HtbBackend:
             try:
                 out.pin_entries = self.pins.entries()
             except bpf_pins.PinError as e:
+                out.pin_error = str(e)
                 log.get("shaperd.htb").warning("bpffs pins unreadable: not collected", error=str(e))
         return out
 
@@ -180,8 +185,13 @@ class HtbBackend:
         return result
 
     def teardown(self, observed: HtbObserved) -> list[TargetDiff]:
-        return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
-                if (d := diff_teardown(st)).ops] + stale_pins(observed.pin_entries, set(), "teardown")
+        out = [diff_teardown(st) for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)]
+        out += [TargetDiff(observed.names.get(idx, str(idx)), error=err)
+                for idx, err in sorted(observed.errors.items())]
+        out += stale_pins(observed.pin_entries, set(), "teardown")
+        if observed.pin_error is not None:
+            out.append(TargetDiff("htb bpffs pins", error=observed.pin_error))
+        return out
 
     def stats(self, desired: HtbPlan) -> BackendStats:
         out = BackendStats(devices=tuple(dp.device for dp in desired.devices))

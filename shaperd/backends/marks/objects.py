@@ -53,3 +53,6 @@ class MarksObserved:
     marks: dict[int, ObservedMark] = field(default_factory=dict)
     clsact: frozenset[int] = frozenset()  # interfaces that have a clsact qdisc
     names: dict[int, str] = field(default_factory=dict)
+    # ifindex -> why its clsact ingress filters could not be read (a teardown fails on it; a reconcile
+    # sets the mark again where one is wanted).
+    errors: dict[int, str] = field(default_factory=dict)
