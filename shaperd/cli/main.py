@@ -256,9 +256,12 @@ def cmd_teardown(args) -> int:
     such target is named on stderr), so "N changed" with exit 0 means nothing of shaperd's is left."""
     rec = _reconciler(args, probe=False, teardown=True)
     rep = rec.teardown(dry_run=args.dry_run)
+    notes = [d.note for d in rep.devices if d.note]
     if output.machine(args):
-        output.emit({"dry_run": args.dry_run, **outcomes_result(rep, planned=args.dry_run)}, args)
+        output.emit({"dry_run": args.dry_run, **outcomes_result(rep, planned=args.dry_run), "notes": notes}, args)
     else:
+        for note in notes:
+            print(note)
         _print_outcomes(rep, planned=args.dry_run)
         failed = sorted({f"{d.backend} on {d.device}" for d in rep.devices if d.error or d.blocked or d.failed})
         if failed:

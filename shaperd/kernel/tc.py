@@ -36,6 +36,7 @@ from shaperd.core.protocol import ApplyResult, Operation
 from shaperd.backends.edt import ops as edt
 from shaperd.backends.edt.objects import STAMPER_HANDLE
 from shaperd.backends.htb import ops as htb
+from shaperd.backends.common import clsact
 from shaperd.backends.common.objects import ETH_P_ALL, ROOT_HANDLE, HtbClass, LeafQdisc, U32Filter
 from shaperd.backends.marks import ops as marks
 from shaperd.backends.marks.objects import CLSACT_HANDLE, PRIO_MARK_INGRESS, TC_H_CLSACT, TC_H_INGRESS_PARENT
@@ -269,6 +270,8 @@ ENCODERS = {
     htb.DeleteFilterGroup: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, 0, op.parent,
                                                 _info(op.prio, op.protocol)),
     marks.AddClsact: lambda op, _fd: _msg(RTM_NEWQDISC, _F_ADD, op.ifindex, CLSACT_HANDLE, TC_H_CLSACT, kind="clsact"),
+    clsact.DeleteClsact: lambda op, _fd: _msg(RTM_DELQDISC, _F_DEL, op.ifindex, CLSACT_HANDLE, TC_H_CLSACT,
+                                              kind="clsact"),
     marks.SetMark: _set_mark,
     marks.DeleteMark: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, 1, TC_H_INGRESS_PARENT,
                                            _info(PRIO_MARK_INGRESS, ETH_P_ALL), "bpf"),

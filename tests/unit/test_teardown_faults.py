@@ -6,22 +6,25 @@ answer a veth with errors; edt needs sch_fq): each fake stands for the backend's
 what a kernel that does not answer gives (ETIMEDOUT) or what a missing feature gives. Asserted for
 every backend: the target whose read failed is reported as failed, by device and with what may
 remain, the teardown is not ``ok`` (the CLI's exit 1), and what could be read is still torn down.
-The real-kernel side (htb, marks) is tests/integration/test_teardown_faults.py.
+The real-kernel side (htb, marks, the clsact qdisc) is tests/integration/test_teardown_faults.py.
 """
 
 from __future__ import annotations
 
 import errno
+import struct
+from pathlib import Path
 
+from shaperd.backends.common import clsact, mapcls
 from shaperd.backends.dcb.backend import DcbBackend
 from shaperd.backends.devlink.backend import DevlinkBackend
-from shaperd.backends.edt.backend import TC_H_EGRESS_PARENT, EdtBackend
-from shaperd.backends.edt.objects import ROOT_HANDLE as EDT_ROOT
+from shaperd.backends.edt.backend import EdtBackend
+from shaperd.backends.edt.objects import PRIO_STAMPER, ROOT_HANDLE as EDT_ROOT
 from shaperd.backends.edt.ops import DeleteRoot as EdtDeleteRoot
 from shaperd.backends.htb.backend import HtbBackend
 from shaperd.backends.htb.ops import DeleteRoot
 from shaperd.backends.marks.backend import MarksBackend
-from shaperd.backends.marks.objects import CLSACT_HANDLE, PRIO_MARK_INGRESS, TC_H_CLSACT, TC_H_INGRESS_PARENT
+from shaperd.backends.marks.objects import PRIO_MARK_INGRESS
 from shaperd.backends.nccl.backend import RdmaBackend
 from shaperd.backends.vfrate.backend import VfRateBackend
 from shaperd.core import config
@@ -31,10 +34,11 @@ from shaperd.core.protocol import ApplyResult, TargetDiff
 from shaperd.core.roots import Roots
 from shaperd.engine import teardown as teardown_mod
 from shaperd.engine.reconciler import Reconciler
-from shaperd.kernel import devlink as nl
+from shaperd.kernel import devlink as nl, nlmsg, tc
 from shaperd.kernel.rtnl_rows import TC_H_ROOT, FilterRow, LinkRow, QdiscRow
 
 from ..rdma_fixture import Node
+from ..strace_dump import sent
 from .test_dcb_plan import TWO, FakeDcb, cfg_text
 from .test_devlink_backend import FakeDevlink
 from .test_engine import FakeBackend, FakeReader
@@ -139,8 +143,9 @@ def test_htb_a_silent_class_dump_fails_that_device_and_the_other_is_torn_down(tm
 
 def test_edt_unreadable_filters_fail_the_device_and_its_root_still_goes(tmp_path):
     reader = TcReader(links((2, "up0")),
-                      [QdiscRow(2, EDT_ROOT, TC_H_ROOT, "mq"), QdiscRow(2, CLSACT_HANDLE, TC_H_CLSACT, "clsact")],
-                      fail={("filters", 2, TC_H_EGRESS_PARENT): timeout("filters", "up0")})
+                      [QdiscRow(2, EDT_ROOT, TC_H_ROOT, "mq"),
+                       QdiscRow(2, clsact.CLSACT_HANDLE, clsact.TC_H_CLSACT, "clsact")],
+                      fail={("filters", 2, clsact.EGRESS): timeout("filters", "up0")})
     edt = recording(EdtBackend(writer=None))
     rec = Reconciler(reader, [edt], Capabilities(), roots=Roots.of(proc=str(tmp_path)))
     dry = rec.teardown(dry_run=True)
@@ -152,24 +157,27 @@ def test_edt_unreadable_filters_fail_the_device_and_its_root_still_goes(tmp_path
         f"teardown edt on up0: could not read it (read filters on up0: {SILENT}): its stamper and the map "
         "classifier on clsact egress may remain")
     assert [type(op) for op in edt.sent] == [EdtDeleteRoot]
+    # the clsact's filters could not be read either: whether shaperd added it is unknown, so it stays and is said
+    assert failed(rep)[("clsact", "up0")].startswith("teardown clsact on up0: could not read it (read filters")
 
 
 # -- marks: a pod interface whose ingress filters cannot be read ---------------------------------------
 
 def test_marks_an_unreadable_pod_interface_fails_and_a_vanished_one_is_nothing(tmp_path):
-    qd = [QdiscRow(i, CLSACT_HANDLE, TC_H_CLSACT, "clsact") for i in (7, 8, 9)]
-    mark = FilterRow(9, TC_H_INGRESS_PARENT, PRIO_MARK_INGRESS, 3, 1, "bpf", name="shpdm_0123456789")
-    reader = TcReader(links((7, "veth7"), (8, "veth8"), (9, "veth9")), qd, {(9, TC_H_INGRESS_PARENT): [mark]},
-                      fail={("filters", 7, TC_H_INGRESS_PARENT): timeout("filters", "veth7"),
-                            ("filters", 8, TC_H_INGRESS_PARENT): KernelError("dump", "filters", "veth8",
-                                                                             "No such device", errno.ENODEV)})
+    qd = [QdiscRow(i, clsact.CLSACT_HANDLE, clsact.TC_H_CLSACT, "clsact") for i in (7, 8, 9)]
+    mark = FilterRow(9, clsact.INGRESS, PRIO_MARK_INGRESS, 3, 1, "bpf", name="shpdm_0123456789")
+    reader = TcReader(links((7, "veth7"), (8, "veth8"), (9, "veth9")), qd, {(9, clsact.INGRESS): [mark]},
+                      fail={("filters", 7, clsact.INGRESS): timeout("filters", "veth7"),
+                            ("filters", 8, clsact.INGRESS): KernelError("dump", "filters", "veth8", "No such device",
+                                                                        errno.ENODEV)})
     marks = recording(MarksBackend(writer=None))
     rep = Reconciler(reader, [marks], Capabilities(), roots=Roots.of(proc=str(tmp_path))).teardown()
     assert not rep.ok
-    assert failed(rep) == {("marks", "veth7"): (
+    assert {k: v for k, v in failed(rep).items() if k[0] == "marks"} == {("marks", "veth7"): (
         f"teardown marks on veth7: could not read it (read filters on veth7: {SILENT}): its mark program on "
         "clsact ingress may remain")}
-    assert [(type(op).__name__, op.device) for op in marks.sent] == [("DeleteMark", "veth9")]
+    # veth9's program went, and then its clsact, which held nothing else
+    assert [(type(op).__name__, op.device) for op in marks.sent] == [("DeleteMark", "veth9"), ("DeleteClsact", "veth9")]
 
 
 # -- vfrate: the PF no longer reads -------------------------------------------------------------------
@@ -258,9 +266,73 @@ def test_nccl_an_unreadable_directory_fails_the_teardown(tmp_path):
     assert Reconciler(FakeReader(), [RdmaBackend(roots)], Capabilities(), roots=roots).teardown().ok
 
 
+# -- the clsact qdisc ----------------------------------------------------------------------------------
+
+def _row(parent, prio, name, kind="bpf", handle=1):
+    return FilterRow(2, parent, prio, 3, handle, kind, name=name)
+
+
+CLASSIFIER = _row(clsact.EGRESS, mapcls.PRIO_EGRESS_CLASSIFY, "shpd_c012345678", handle=mapcls.HANDLE_EGRESS_CLASSIFY)
+STAMPER = _row(clsact.EGRESS, PRIO_STAMPER, "shpe_0123456789")
+MARK = _row(clsact.INGRESS, PRIO_MARK_INGRESS, "shpdm_0123456789")
+CILIUM = _row(clsact.INGRESS, 1, "cil_from_netdev")
+
+
+def test_each_backend_claims_only_its_own_clsact_filters():
+    htb, edt, marks = HtbBackend(None), EdtBackend(None), MarksBackend(None)
+    assert [htb.owns_clsact_filter(r) for r in (CLASSIFIER, STAMPER, MARK, CILIUM)] == [True, False, False, False]
+    assert [edt.owns_clsact_filter(r) for r in (CLASSIFIER, STAMPER, MARK, CILIUM)] == [True, True, False, False]
+    assert [marks.owns_clsact_filter(r) for r in (CLASSIFIER, STAMPER, MARK, CILIUM)] == [False, False, True, False]
+    # shaperd's prio and handle with someone else's program is not shaperd's
+    assert not htb.owns_clsact_filter(CLASSIFIER._replace(name="other_program"))
+    assert not marks.owns_clsact_filter(MARK._replace(parent=clsact.EGRESS))
+
+
+def test_the_clsact_rule_only_shaperds_filters_is_removed_mixed_is_said_none_is_not_looked_at():
+    c = clsact.teardown([clsact.Clsact("a", 2, owners=["htb", "edt"]),
+                         clsact.Clsact("b", 3, owners=["marks"], foreign=["ingress bpf prio 1 cil_from_netdev"]),
+                         clsact.Clsact("c", 4, foreign=["egress u32 prio 5"]),
+                         clsact.Clsact("d", 5),
+                         clsact.Clsact("e", 6, error="read filters on e: timed out")])
+    assert [(owner, td.target, [type(op) for op in td.ops], td.note is not None, td.error) for owner, td in c] == [
+        ("htb", "a", [clsact.DeleteClsact], False, None),
+        (None, "b", [], True, None),
+        (None, "e", [], False, "read filters on e: timed out")]
+    assert c[1][1].note == ("clsact qdisc on b left in place: it holds filters that are not shaperd's "
+                            "(ingress bpf prio 1 cil_from_netdev)")
+
+
+def test_a_clsact_is_judged_before_the_backends_remove_their_filters_and_removed_through_its_owner(tmp_path):
+    qd = [QdiscRow(2, HTB_ROOT, TC_H_ROOT, "htb"), QdiscRow(2, clsact.CLSACT_HANDLE, clsact.TC_H_CLSACT, "clsact"),
+          QdiscRow(3, clsact.CLSACT_HANDLE, clsact.TC_H_CLSACT, "clsact")]
+    reader = TcReader(links((2, "up0"), (3, "veth3")), qd,
+                      {(2, clsact.EGRESS): [CLASSIFIER._replace(ifindex=2)],
+                       (3, clsact.INGRESS): [MARK._replace(ifindex=3), CILIUM._replace(ifindex=3)]})
+    htb, marks = recording(HtbBackend(None)), recording(MarksBackend(None))
+    rep = Reconciler(reader, [htb, marks], Capabilities(), roots=Roots.of(proc=str(tmp_path))).teardown()
+    assert rep.ok, failed(rep)
+    assert [(type(op).__name__, op.device) for op in htb.sent] == [
+        ("DeleteRoot", "up0"), ("DetachMapClassifier", "up0"), ("DeleteClsact", "up0")]
+    assert [(type(op).__name__, op.device) for op in marks.sent] == [("DeleteMark", "veth3")]  # Cilium's clsact stays
+    (note,) = [d for d in rep.devices if d.note]
+    assert (note.backend, note.device) == ("clsact", "veth3") and "cil_from_netdev" in note.note
+
+
+def test_delete_clsact_is_byte_for_byte_what_tc_sends():
+    """tests/unit/fixtures/clsact/del_clsact.strace: ``strace -f -e trace=sendmsg,recvmsg -e write=all -e read=all
+    -xx tc -n NS qdisc del dev c0 clsact`` on this machine's kernel (6.18), the request and its ack kept."""
+    text = (Path(__file__).parent / "fixtures" / "clsact" / "del_clsact.strace").read_text()
+    (theirs,) = sent(text)
+    ifindex = struct.unpack_from("=i", theirs, 20)[0]
+    ours = tc._encoder(tc.build_message(clsact.DeleteClsact(device="c0", ifindex=ifindex)))(7)
+    assert nlmsg.HDR.unpack_from(ours)[:3] == nlmsg.HDR.unpack_from(theirs)[:3]  # length, RTM_DELQDISC, flags
+    assert ours[16:] == theirs[16:]  # seq and pid aside, equal
+
+
 def test_kept_is_the_one_filter():
-    assert teardown_mod.kept([TargetDiff("a"), TargetDiff("b", blocked="x"), TargetDiff("d", error="z")]) == [
-        TargetDiff("b", blocked="x"), TargetDiff("d", error="z")]
+    assert teardown_mod.kept([TargetDiff("a"), TargetDiff("b", blocked="x"), TargetDiff("c", note="y"),
+                              TargetDiff("d", error="z")]) == [TargetDiff("b", blocked="x"),
+                                                               TargetDiff("c", note="y"), TargetDiff("d", error="z")]
 
 
 def test_unlistable_bpffs_pins_fail_the_teardown_of_htb_and_edt():

@@ -2,8 +2,9 @@
 
 Owns the root qdisc 7365: (mq, or sch_fq on a single-queue device), the
 sch_fq under each mq class, and its stamper filter on clsact egress (prio
-PRIO_STAMPER). Shares clsact with the map classifier and others (adds it,
-never removes it). Plans only the devices tenancy.dataplanes gives to edt;
+PRIO_STAMPER). Shares clsact with the map classifier and others (adds it;
+only a teardown removes it, where it held nothing but shaperd's filters:
+backends/common/clsact.py). Plans only the devices tenancy.dataplanes gives to edt;
 the rates inside the stamper's maps are the rate controller's
 (shaperd/backends/edt/loop.py), not the reconcile's, so a resync never resets them.
 With bpffs pins, each stamper is pinned when loaded under the "edt-stamper"
@@ -24,12 +25,15 @@ from shaperd.backends.edt import kernel_stamper as edt_prog
 from shaperd.kernel import tc
 from shaperd.kernel.rtnl_rows import TC_H_ROOT
 from shaperd.core.protocol import ApplyResult, BackendStats, PlanInput, Support, TargetDiff, planned_diffs
+from shaperd.backends.common import mapcls
 from shaperd.backends.common.mapcls import stale_pins
 from shaperd.backends.marks.objects import TC_H_CLSACT
 from shaperd.backends.edt.diff import diff_device, diff_teardown, stale_stamper_pins
 from shaperd.backends.edt.ops import DeleteRoot, SetFq, SetRoot, UnpinStamper
 from shaperd.backends.edt.refusals import Refusals, first_refusal, refusal_of
-from shaperd.backends.edt.objects import EDT_MAJOR, PRIO_STAMPER, ROOT_HANDLE, EdtDeviceState, FqQdisc
+from shaperd.backends.edt.objects import (
+    EDT_MAJOR, PRIO_STAMPER, ROOT_HANDLE, STAMPER_HANDLE, STAMPER_PREFIX, EdtDeviceState, FqQdisc,
+)
 from shaperd.backends.edt.plan import EdtPlan, plan
 from shaperd.core.dataplane import edt_missing
 
@@ -125,6 +129,12 @@ class EdtBackend:
             except bpf_pins.PinError as e:
                 out.pin_errors["edt stamper bpffs pins"] = str(e)  # not collected this time
         return out
+
+    def owns_clsact_filter(self, row) -> bool:
+        """The stamper (egress, its prio, handle and name prefix), or the map classifier edt uplinks carry."""
+        return mapcls.owns_clsact_filter(row) or (
+            row.parent == TC_H_EGRESS_PARENT and row.kind == "bpf" and row.prio == PRIO_STAMPER
+            and row.handle == STAMPER_HANDLE and row.name.startswith(STAMPER_PREFIX))
 
     def diff(self, desired: EdtPlan, observed: EdtObserved) -> list[TargetDiff]:
         out = planned_diffs(desired.devices, observed, lambda dp, st: diff_device(dp, st, desired.take_over))

@@ -21,6 +21,7 @@ from shaperd.kernel import tc
 from shaperd.core.protocol import ApplyResult, BackendStats, ClassTarget, PlanInput, Support, TargetDiff, planned_diffs
 from shaperd.backends.htb import observe as obs
 from shaperd.backends.htb.diff import diff_device, diff_teardown
+from shaperd.backends.common import mapcls
 from shaperd.backends.common.mapcls import stale_pins
 from shaperd.backends.common.objects import DeviceState
 from shaperd.backends.htb.ops import ChangeClass, CreateClass, CreateRoot, SetLeaf
@@ -141,6 +142,9 @@ class HtbBackend:
                 out.pin_error = str(e)
                 log.get("shaperd.htb").warning("bpffs pins unreadable: not collected", error=str(e))
         return out
+
+    def owns_clsact_filter(self, row) -> bool:
+        return mapcls.owns_clsact_filter(row)
 
     def diff(self, desired: HtbPlan, observed: HtbObserved) -> list[TargetDiff]:
         out = planned_diffs(desired.devices, observed, lambda dp, st: diff_device(dp, st, desired.take_over))

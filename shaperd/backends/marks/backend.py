@@ -42,9 +42,14 @@ class MarksBackend:
                     errors[idx] = str(e)
                 continue
             for f in filters:
-                if f.kind == "bpf" and f.prio == PRIO_MARK_INGRESS and f.name.startswith(PROGRAM_PREFIX):
+                if self.owns_clsact_filter(f):
                     found[idx] = ObservedMark(idx, f.name, f.handle)
         return MarksObserved(marks=found, clsact=clsact, names=names, errors=errors)
+
+    def owns_clsact_filter(self, row) -> bool:
+        """A mark program: ingress, bpf at PRIO_MARK_INGRESS, named shpdm_*."""
+        return (row.parent == TC_H_INGRESS_PARENT and row.kind == "bpf" and row.prio == PRIO_MARK_INGRESS
+                and row.name.startswith(PROGRAM_PREFIX))
 
     def diff(self, desired: MarksPlan, observed: MarksObserved) -> list[TargetDiff]:
         return [marks_plan.diff(desired, observed)]
