@@ -250,13 +250,23 @@ def _print_outcomes(rep, planned: bool) -> None:
 
 
 def cmd_teardown(args) -> int:
-    """Remove what shaperd owns; ``--dry-run``: the same removals, printed as "would ...", none sent."""
+    """Remove what shaperd owns; ``--dry-run``: the same removals, printed as "would ...", none sent.
+
+    Exit 1 when a target could not be read or a removal failed: shaperd's state may remain there (each
+    such target is named on stderr), so "N changed" with exit 0 means nothing of shaperd's is left."""
     rec = _reconciler(args, probe=False, teardown=True)
     rep = rec.teardown(dry_run=args.dry_run)
+    notes = [d.note for d in rep.devices if d.note]
     if output.machine(args):
-        output.emit({"dry_run": args.dry_run, **outcomes_result(rep, planned=args.dry_run)}, args)
+        output.emit({"dry_run": args.dry_run, **outcomes_result(rep, planned=args.dry_run), "notes": notes}, args)
     else:
+        for note in notes:
+            print(note)
         _print_outcomes(rep, planned=args.dry_run)
+        failed = sorted({f"{d.backend} on {d.device}" for d in rep.devices if d.error or d.blocked or d.failed})
+        if failed:
+            _err(f"teardown incomplete: {len(failed)} target(s) not torn down ({', '.join(failed)}); "
+                 "shaperd's state may remain there")
     return EXIT_OK if rep.ok else EXIT_FAILED
 
 

@@ -11,7 +11,23 @@ backend with six steps:
 - ``apply(target_diff, batch)``: side effects only: execute the operations;
 - ``stats(desired)``: what it contributes to status and metrics.
 
-``teardown(observed)`` is the diff against "nothing desired" (pure).
+``teardown(observed)`` (pure) says what "nothing desired" is for the
+backend: one TargetDiff per target it found, with the removals (none where
+nothing of its is there), and ``error`` set where the target could not be
+read (with whatever removals it could still plan there). It filters
+nothing: the engine (shaperd/engine/teardown.py) keeps the targets with
+removals, an error, ``blocked`` or a ``note``, applies the removals, and
+fails the teardown on every target that could not be read, naming it and
+what of the backend's may remain there (the optional ``teardown_remains``
+text, e.g. "its root qdisc 7368: with its classes, leaves and filters").
+
+A backend that attaches filters to the clsact qdisc (shared with other
+agents) implements ``owns_clsact_filter(row) -> bool``: whether one filter
+row (``parent`` = the ingress or egress hook, ``kind``, ``prio``,
+``handle``, ``name``) is its own. The engine reads every clsact before the
+teardown and removes one whose filters were all shaperd's, through the
+``apply`` of a backend that owned one there (backends/common/clsact.py).
+
 Optionally ``render(desired) -> str``: the desired state as the equivalent
 command lines of the operators' own tools (``ip link``, ``devlink``,
 ``dcb``), printed by ``shaperd plan`` after the tc commands.
@@ -75,6 +91,9 @@ class TargetDiff:
     blocked: str | None = None
     # Set when the target could not be read, so nothing was diffed: the error.
     error: str | None = None
+    # Set when something is deliberately left in place that may not be shaperd's (a shared clsact that holds
+    # another agent's filters): said once, never a failure.
+    note: str | None = None
 
 
 def planned_diffs(devices, observed, diff_one) -> list[TargetDiff]:
@@ -166,7 +185,9 @@ class Backend(Protocol):
 
     def stats(self, desired: Desired) -> BackendStats: ...
 
-    def teardown(self, observed: Any) -> list[TargetDiff]: ...
+    def teardown(self, observed: Any) -> list[TargetDiff]:
+        """Every target found, against "nothing desired": removals, or ``error`` where unreadable (pure)."""
+        ...
 
 
 # ---------------------------------------------------------------- the registry's entries

@@ -1,6 +1,6 @@
 """One reconcile over every backend: discover -> tenancy -> (plan -> observe -> diff -> apply) per backend.
 
-Generic: it knows the backend protocol (backends/base.py), not what any
+Generic: it knows the backend protocol (core/protocol.py), not what any
 backend writes. Each backend, and each target within it, is handled on its
 own: a foreign qdisc, a missing capacity, a netlink error or a bug in one is
 reported and never stops enforcement by the others. When a backend's batch
@@ -29,6 +29,7 @@ from shaperd.kernel.rtnl import CachedReads
 from shaperd.core.roots import DEFAULT, Roots
 from shaperd.core.tenancy import Tenancy, select_devices, tenancy
 from shaperd.engine import fallback
+from shaperd.engine import teardown as teardown_mod
 
 
 @dataclass
@@ -41,6 +42,7 @@ class TargetOutcome:
     failed: list[tuple[Operation, KernelError]] = field(default_factory=list)
     blocked: str | None = None
     error: str | None = None  # the target (or the whole backend) could not be read or planned
+    note: str | None = None  # left in place on purpose, said once (a teardown's shared clsact): not a failure
 
 
 @dataclass
@@ -263,29 +265,56 @@ class Reconciler:
         return b.apply(fresh[0], batch=False)
 
     def teardown(self, dry_run: bool = False) -> Report:
-        """Remove what every backend owns, nothing else; ``dry_run``: report the removals, apply none."""
+        """Remove what every backend owns, nothing else; ``dry_run``: report the removals, apply none.
+
+        Each backend says what "nothing desired" is for it; engine/teardown.py keeps what matters, and
+        a target that could not be read fails the teardown (not ``ok``), naming what may remain there.
+        Last, the clsact qdiscs that held only shaperd's filters, read before any backend removed its
+        own, are removed."""
         start = time.perf_counter()
         inv = self.inventory()
         reads = CachedReads(self.reader)
+        shared = BackendOutcome(teardown_mod.CLSACT)
+        try:
+            found = teardown_mod.clsacts(reads, inv, self.backends)
+        except Exception as e:  # noqa: BLE001 - the backends still remove their own
+            found = []
+            shared.error = teardown_mod.backend_unreadable(teardown_mod.CLSACT, teardown_mod.CLSACT_REMAINS, str(e))
+            self.log.error("teardown incomplete", backend=teardown_mod.CLSACT, error=shared.error)
         outcomes = []
         for b in self.backends:
             bo = BackendOutcome(b.name)
             outcomes.append(bo)
             try:
-                for td in b.teardown(b.observe(reads, inv)):
-                    if dry_run:  # the same diff, never handed to apply: nothing is sent
-                        bo.targets.append(TargetOutcome(b.name, td.target, ops=list(td.ops), blocked=td.blocked,
-                                                        error=td.error))
-                        continue
-                    res = b.apply(td, batch=False)
-                    bo.targets.append(TargetOutcome(b.name, td.target, ops=res.applied, failed=res.failed))
-                    self._log_writes(b, res)
+                for td in teardown_mod.kept(b.teardown(b.observe(reads, inv))):
+                    bo.targets.append(self._tear(b, b.name, teardown_mod.remains(b), td, dry_run))
             except Exception as e:  # noqa: BLE001
-                bo.error = self._backend_failed(b, e)
+                bo.error = teardown_mod.backend_unreadable(b.name, teardown_mod.remains(b), self._backend_failed(b, e))
+        for owner, td in teardown_mod.clsact_diffs(found, self.backends):
+            shared.targets.append(self._tear(owner, teardown_mod.CLSACT, teardown_mod.CLSACT_REMAINS, td, dry_run))
+        if shared.targets or shared.error:
+            outcomes.append(shared)
         if not dry_run and self.refused_file is not None:
             with contextlib.suppress(OSError):
                 self.refused_file.unlink(missing_ok=True)  # nothing of edt's is left to explain
         return Report(PlanResult(), outcomes, time.perf_counter() - start)
+
+    def _tear(self, b: Backend | None, name: str, remains: str, td: TargetDiff, dry_run: bool) -> TargetOutcome:
+        """One kept teardown target: its removals applied (``dry_run``: only listed), its failure worded."""
+        error = teardown_mod.unreadable(name, remains, td.target, td.error) if td.error else None
+        out = TargetOutcome(name, td.target, ops=list(td.ops), blocked=td.blocked, error=error, note=td.note)
+        if error:
+            self.log.error("teardown incomplete", backend=name, device=td.target, error=error)
+        if td.blocked:
+            self.log.warning("device left alone", backend=name, device=td.target, reason=td.blocked)
+        if td.note:
+            self.log.info("left in place", backend=name, device=td.target, reason=td.note)
+        if dry_run or not td.ops or b is None:  # the same diff, never handed to apply: nothing is sent
+            return out
+        res = b.apply(td, batch=False)
+        out.ops, out.failed = res.applied, res.failed
+        self._log_writes(b, res, name)
+        return out
 
     def _backend_failed(self, b: Backend, e: Exception) -> str:
         if isinstance(e, ShaperdError):
@@ -294,11 +323,12 @@ class Reconciler:
         self.log.exception("backend failed with an internal error; the others went on", backend=b.name)
         return f"{b.name} backend: internal error: {e!r}"
 
-    def _log_writes(self, b: Backend, res: ApplyResult) -> None:
+    def _log_writes(self, b: Backend, res: ApplyResult, name: str | None = None) -> None:
+        name = name or b.name  # a teardown's clsact is applied through a backend, logged as "clsact"
         for op in res.applied:
-            self.log.info("kernel change", backend=b.name, device=op.device, tenant=op.tenant, change=op.describe())
+            self.log.info("kernel change", backend=name, device=op.device, tenant=op.tenant, change=op.describe())
         for op, err in res.failed:
-            self.log.error("kernel write failed", backend=b.name, device=op.device, tenant=op.tenant, error=str(err))
+            self.log.error("kernel write failed", backend=name, device=op.device, tenant=op.tenant, error=str(err))
 
 
 def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, netns: str | None = None,

@@ -57,6 +57,8 @@ def _port(p: nl.PortRow) -> Port:
 
 class DevlinkBackend:
     name = "devlink"
+    # What may be left where a teardown could not read (engine/teardown.py words the failure).
+    teardown_remains = "its rate nodes (shpd_*) and the leaves parented to them"
 
     def __init__(self, open_nl=None):
         self._open = open_nl or (lambda: nl.DevlinkNl())
@@ -88,6 +90,8 @@ class DevlinkBackend:
         return plan_nodes(ctx.config, ctx.inventory, ctx.tenancy)
 
     def observe(self, reads, inv: Inventory) -> DevlinkObserved:
+        if self.family_absent:
+            return DevlinkObserved()  # no devlink family (probe): no rate object can exist (a teardown's case)
         try:
             rates = tuple(_rate(r) for r in self._conn().rates())
             ports = tuple(_port(p) for p in self._conn().ports()) if any(r.port_index is not None for r in rates) \
@@ -155,7 +159,7 @@ class DevlinkBackend:
                 res.failed.append((op, op.error(f"did not stick: {bad}")))
 
     def teardown(self, observed: DevlinkObserved) -> list[TargetDiff]:
-        return [d for d in diff_rates(DevlinkPlan(), observed) if d.ops]
+        return diff_rates(DevlinkPlan(), observed)
 
     def stats(self, desired: DevlinkPlan) -> BackendStats:
         conf = tuple(NodeRates(n.tenant, n.instance, n.node, n.tx_share_Bps, n.tx_max_Bps) for n in desired.nodes)

@@ -7,6 +7,7 @@ sending, batching and attributing answers is kernel/tc.py.
 
 from __future__ import annotations
 
+from shaperd.backends.common.kernel_tc import CODEC as CLSACT_CODEC  # teardown may delete its clsact
 from shaperd.backends.common.objects import ETH_P_ALL, ROOT_HANDLE, HtbClass, LeafQdisc, U32Filter
 from shaperd.backends.htb import ops as htb
 from shaperd.core.units import bps_to_Bps, xmit_ticks
@@ -67,7 +68,7 @@ def _bpf_filter(op: htb.AddBpfFilter, fd: int | None):
     return msg(RTM_NEWTFILTER, F_ADD, op.ifindex, 1, ROOT_HANDLE, info(op.filter.prio, ETH_P_ALL), "bpf", opts)
 
 
-CODEC = Codec(
+CODEC = CLSACT_CODEC | Codec(
     encoders={
         htb.CreateRoot: lambda op, _fd: msg(RTM_NEWQDISC, F_PUT, op.ifindex, op.root.handle, TC_H_ROOT, kind="htb",
                                             options=htb_init(op.root.default_minor, op.root.offload)),
