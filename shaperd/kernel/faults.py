@@ -1,7 +1,8 @@
 """A fault seam at the kernel boundary, for tests only.
 
 The netlink writer (kernel/nlwriter.py) and the rtnetlink reader
-(kernel/rtnl.py) read ``ACTIVE`` once per exchange; it is None unless a test
+(kernel/rtnl.py, through the receive loop in kernel/nlexchange.py) read
+``ACTIVE`` once per exchange; it is None unless a test
 installs a plan with ``installed(plan)``, so production pays one attribute
 read. Nothing in config, CLI or environment reaches this module: only tests
 and benchmarks import ``installed``.
