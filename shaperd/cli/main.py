@@ -21,18 +21,14 @@ from shaperd.core import format as output
 from shaperd.core import log
 from shaperd.core.config import Config, load_file
 from shaperd.core.errors import ConfigError, KernelError, ShaperdError
+from shaperd.core.exitcodes import (EXIT_BAD_INPUT, EXIT_DIFF_ERROR, EXIT_DIFF_PENDING, EXIT_FAILED,
+                                     EXIT_INTERRUPTED, EXIT_OK, err as _err)
 from shaperd.backends.htb.plan import MAX_TENANT_PRIO, htb_prios
 from shaperd.core.units import format_rate
 
 DEFAULT_CONFIG = "/etc/shaperd/traffic-shaping.yaml"
 # Keep in sync with report.metrics.DEFAULT_METRICS_ADDRESS (not imported: prometheus_client loads only for `run`).
 DEFAULT_METRICS_ADDRESS = ":9567"
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-EXIT_DIFF_PENDING, EXIT_DIFF_ERROR = 1, 3  # diff only (kubectl diff: 1 differences, >1 error)
-
-
-def _err(msg: str) -> None:
-    print(f"shaperd: {msg}", file=sys.stderr)
 
 
 def _load(path: str) -> Config:
@@ -334,7 +330,7 @@ def cmd_demo(args) -> int:
         if e.name != "shaperd_bed":
             raise  # the bed is there but broken: show the real error
         print(BED_MISSING, file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     return demo.run(args)
 
 
@@ -478,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         _err(str(e))
         return EXIT_FAILED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
 

@@ -19,9 +19,8 @@ from shaperd.rdma import opensm_file
 from shaperd.rdma.plan import plan
 from shaperd.core.config import load_file
 from shaperd.core.inventory import Inventory
+from shaperd.core.exitcodes import EXIT_BAD_INPUT, EXIT_OK, err
 from shaperd.core.tenancy import tenancy
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def register(sub, node_opts) -> None:
@@ -56,10 +55,6 @@ def max_vls_arg(text: str) -> tuple[str, int]:
     return kind, int(num)
 
 
-def _err(msg: str) -> None:
-    print(f"shaperd: {msg}", file=sys.stderr)
-
-
 def rendered(args) -> opensm.OpenSmConfig:
     cfg = load_file(args.config)
     inv = Inventory()  # the SM's side needs no node: every tenant's SL comes from the tenants file
@@ -70,10 +65,10 @@ def run(args) -> int:
     try:
         out = rendered(args)
     except opensm.OpenSmConfigError as e:
-        _err(str(e))
+        err(str(e))
         return EXIT_BAD_INPUT
     for w in out.warnings:
-        _err(f"warning: {w}")
+        err(f"warning: {w}")
     if not args.write:
         sys.stdout.write(out.text())
         return EXIT_OK
@@ -88,7 +83,7 @@ def write(args, out: opensm.OpenSmConfig) -> int:
     try:
         merged = opensm_file.merge(old or "", out.text(), name=str(path))
     except opensm_file.OptionsFileError as e:
-        _err(str(e))
+        err(str(e))
         return EXIT_BAD_INPUT
     if old is not None and merged.text == old:
         print(f"{path}: the QoS options are already as rendered; not written, opensm not signalled")
@@ -108,7 +103,7 @@ def write(args, out: opensm.OpenSmConfig) -> int:
     if args.opensm_pid_file:
         targets = [host.from_pid_file(Path(args.opensm_pid_file))]
         if targets[0].config != str(real):
-            _err(f"warning: opensm pid {targets[0].pid} (from {args.opensm_pid_file}) reads {targets[0].config}, "
+            err(f"warning: opensm pid {targets[0].pid} (from {args.opensm_pid_file}) reads {targets[0].config}, "
                  f"not {real}")
     else:
         running = host.running_opensm()
