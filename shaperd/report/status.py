@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from shaperd.core import exitcodes
 from shaperd.core import format as output
 from shaperd.core.config import load_file
 from shaperd.core.errors import ConfigError
@@ -163,7 +164,7 @@ def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
                    "rdma": rdma_view.tenant_rows(ports), **nic, **extra, **edt_refused.doc(args)}
             print(("---\n" if args.watch and args.output == "yaml" else "") + output.dump(doc, args.output, indent=None))
             for err in edt.errors.values():
-                print(f"shaperd: {err}", file=sys.stderr)
+                exitcodes.err(err)
         else:
             if args.watch and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")

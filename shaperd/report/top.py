@@ -26,6 +26,7 @@ import sys
 import time
 
 from shaperd.core import format as output
+from shaperd.core.exitcodes import EXIT_OK
 from shaperd.backends.common.objects import fmt_handle
 from shaperd.core.units import format_rate
 from shaperd.report.sampler import Accumulator, TenantSeries, Target
@@ -215,7 +216,7 @@ def main(args) -> int:
                 text = render(acc.view(), drops_base, acc.rate_window_s, rdma=rdma.view(), color=color, **more)
                 print((CLEAR if tty else "") + text + ("" if tty else "\n"), flush=True)
             if n > 0 and args.iterations is not None and n >= args.iterations:
-                return 0
+                return EXIT_OK
             n += 1
             time.sleep(args.interval)
     finally:
