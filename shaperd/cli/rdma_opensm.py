@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from shaperd.cli.node import DEFAULT_CONFIG
 from shaperd.rdma import opensm
 from shaperd.rdma import opensm_file
 from shaperd.rdma.plan import plan
@@ -24,8 +25,6 @@ from shaperd.core.tenancy import tenancy
 
 
 def register(sub, node_opts) -> None:
-    from shaperd.cli.main import DEFAULT_CONFIG
-
     p = sub.add_parser(
         "opensm-config",
         help="render OpenSM's QoS options (SL2VL, VL arbitration) for the tenants; --write updates opensm's file",

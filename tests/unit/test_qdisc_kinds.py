@@ -193,12 +193,13 @@ def test_no_answer_keeps_unknown_and_says_what_the_kernel_answered(monkeypatch, 
 
 def test_the_cli_flags_point_the_evidence_at_other_trees(tmp_path):
     from shaperd.cli import main as cli
+    from shaperd.cli import node
 
     r = tree(tmp_path, builtin=[], dep=["kernel/net/sched/sch_fq.ko:"])
     args = cli.build_parser().parse_args(["plan", "--procfs-root", str(r.proc), "--sysfs-root", str(r.sys),
                                           "--modules-root", str(r.modules), "--boot-root", str(r.boot)])
-    roots = cli._roots(args)
+    roots = node.roots(args)
     assert (roots.modules, roots.boot) == (r.modules, r.boot)
     assert evidence_all(roots)["sch_fq"].state == PRESENT  # read from the fixture's modules.dep, not the host's
-    defaults = cli._roots(cli.build_parser().parse_args(["plan"]))
+    defaults = node.roots(cli.build_parser().parse_args(["plan"]))
     assert (str(defaults.modules), str(defaults.boot)) == ("/lib/modules", "/boot")
