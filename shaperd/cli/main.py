@@ -9,10 +9,10 @@ follows ``kubectl diff`` instead: 0 in sync, 1 changes pending, 2 bad input,
 This module owns the root parser (its global options), the dispatch and the
 mapping of errors to exit codes. Each command group is a module of this
 package with a ``register(subparsers)``, listed in ``GROUPS`` in the order
-``--help`` shows them (adding a group is one module and one line here): config (check-config), reconcile (plan, diff, apply,
-teardown), run, status (status, top), rdma (rdma ...), meta (completion;
-``--version`` is a root option), webhook, demo. Read commands take ``-o
-text|json|yaml`` (core/format.py).
+``--help`` shows them (a new group is one module and one line here): config
+(check-config), reconcile (plan, diff, apply, teardown), run, status
+(status, top), rdma (rdma ...), meta (completion; ``--version`` is a root
+option), webhook, demo. Read commands take ``-o text|json|yaml`` (core/format.py).
 """
 
 from __future__ import annotations
