@@ -13,7 +13,10 @@ Must not: print, or decide exit codes (the command modules do).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+
+from shaperd.core.inventory import Capabilities
 
 DEFAULT_CONFIG = "/etc/shaperd/traffic-shaping.yaml"
 
@@ -44,21 +47,34 @@ def roots(args):
                     modules=getattr(args, "modules_root", "/lib/modules"), boot=getattr(args, "boot_root", "/boot"))
 
 
-def reconciler(args, probe: bool = True, pods_source=None, pod_resources=None, teardown: bool = False):
+# Without root nothing can be probed: plan for the common kernel set (what every kernel shaperd supports has).
+ASSUMED = Capabilities(htb=True, u32=True, bpf=True, leaf_kinds=frozenset({"bfifo"}))
+
+
+def assumed(why: str, caps: Capabilities = ASSUMED) -> Capabilities:
+    """``caps`` with a note naming what was assumed and what was not, made from ``caps`` itself."""
+    have = [n for ok, n in ((caps.htb, "sch_htb"), (caps.u32, "cls_u32"), (caps.bpf, "cls_bpf")) if ok]
+    have += [f"{k} leaves" for k in sorted(caps.leaf_kinds)]
+    lacking = [n for ok, n in ((caps.bpf_maps, "the eBPF map classifier (u32 filters instead)"),
+                               ("fq_codel" in caps.leaf_kinds, "fq_codel leaves"),
+                               (caps.fq and caps.mq, "sch_fq and mq (no edt data plane)")) if not ok]
+    note = f"{why}: assumed {', '.join(have) or 'nothing'}" + (f"; not assumed: {', '.join(lacking)}" if lacking else "")
+    return dataclasses.replace(caps, notes=(note,))
+
+
+def reconciler(args, probe: bool = True, pods_source=None, pod_resources=None, teardown: bool = False,
+               read_only: bool = False):
+    """``probe``: probe this kernel when root (else: ``assumed()``); ``read_only``: a probe that writes nothing
+    to the node (kernel/probe.py), for commands that only show (plan)."""
     from shaperd.engine.reconciler import open_node
-    from shaperd.core.inventory import Capabilities
     from shaperd.kernel.probe import probe_capabilities
 
     if probe and os.geteuid() == 0:
         caps = probe_capabilities(bpffs_root=str(roots(args).bpffs) if getattr(args, "bpffs_root", "") else None,
-                                  roots=roots(args))
+                                  roots=roots(args), read_only=read_only)
     else:
-        # Without root nothing can be probed: plan for the common kernel set.
-        caps = Capabilities(bpf=True, leaf_kinds=frozenset({"bfifo"}),
-                            notes=("not root: capabilities assumed (htb, u32, cls_bpf, bfifo leaves)",))
+        caps = assumed("not root, so capabilities not probed" if os.geteuid() != 0 else "capabilities not probed")
     if teardown and getattr(args, "bpffs_root", ""):
-        import dataclasses
-
         # Unprobed, but its bpffs pins are shaperd's to remove like the rest.
         caps = dataclasses.replace(caps, bpf_adopt="pins", bpf_pin_root=str(roots(args).bpffs),
                                    edt_pin_root=str(roots(args).bpffs))

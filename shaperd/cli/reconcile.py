@@ -1,7 +1,9 @@
 """One reconcile of this node, shown or done: ``plan``, ``diff``, ``apply`` and ``teardown``.
 
 - ``plan``: the desired state as the equivalent tc (and ip link, devlink,
-  dcb) commands; writes nothing.
+  dcb) commands, for this kernel's capabilities as ``diff`` and ``apply``
+  find them (probed when root; the probe writes nothing to the node: it
+  tests in a network namespace of its own); writes nothing.
 - ``diff``: what ``apply`` would change; exits like ``kubectl diff`` (0 in
   sync, 1 changes pending, 2 bad input, 3 a device unreadable or left alone).
 - ``apply``: reconcile once and exit, printing what changed.
@@ -67,7 +69,7 @@ def cmd_plan(args) -> int:
     from shaperd.backends.htb.render import render
 
     cfg = load_file(args.config)
-    rec = _reconciler(args, probe=False)
+    rec = _reconciler(args, read_only=True)  # probed as diff and apply probe (when root), writing nothing
     p = rec.plan(cfg)
     if output.machine(args):
         output.emit({"notes": list(rec.capabilities.notes), "warnings": list(p.warnings),

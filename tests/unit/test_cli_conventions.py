@@ -67,7 +67,8 @@ def test_check_config_json_and_yaml_are_the_same_object(capsys):
     assert as_json["tenants"][0]["guarantee_bps"] == cfg.tenants[0].guarantee_bps
 
 
-def test_plan_json_holds_the_planned_objects(capsys):
+def test_plan_json_holds_the_planned_objects(capsys, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # as a user: plan probes no kernel (test_cli_plan.py: as root)
     assert cli.main(["plan", "-c", str(EXAMPLE), "-o", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     dev = out["desired"]["htb"]["devices"][0]

@@ -112,8 +112,8 @@ def test_no_evidence_is_unknown_not_absent(tmp_path):
 def _assumed(monkeypatch, roots):
     monkeypatch.delenv("SHAPERD_CLASSIFIER", raising=False)
     monkeypatch.setattr(bpf, "bpf_supported", lambda: (True, ""))
-    monkeypatch.setattr(bpf_classify, "probe_load", lambda root: ("pins", "through bpffs pins under /x"))
-    monkeypatch.setattr(edt_prog, "probe_load", lambda root: (True, "adopted through bpffs pins under /x"))
+    monkeypatch.setattr(bpf_classify, "probe_load", lambda root, read_only=False: ("pins", "through bpffs pins under /x"))
+    monkeypatch.setattr(edt_prog, "probe_load", lambda root, read_only=False: (True, "adopted through bpffs pins under /x"))
     return probe._assumed("capability probe skipped (EPERM)", str(roots.proc), "/x", roots)
 
 
