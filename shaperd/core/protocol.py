@@ -12,6 +12,9 @@ backend with six steps:
 - ``stats(desired)``: what it contributes to status and metrics.
 
 ``teardown(observed)`` is the diff against "nothing desired" (pure).
+Optionally ``wanted(ctx) -> bool``: whether this tenants file, on this node,
+asks for what the backend enforces; a disabled backend's probe notes become
+plan warnings only then (without it: always), so one nothing needs is silent.
 Optionally ``render(desired) -> str``: the desired state as the equivalent
 command lines of the operators' own tools (``ip link``, ``devlink``,
 ``dcb``), printed by ``shaperd plan`` after the tc commands.

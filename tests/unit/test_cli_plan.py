@@ -1,6 +1,7 @@
 """`shaperd plan` says what is so: as root it probes the kernel as diff and apply do (a probe that writes
 nothing to the node), so it shows the edt plane where the kernel has it; without root it names the
-capabilities it assumed. No kernel here: the probe and the node are replaced, the planning is real."""
+capabilities it assumed; a backend the tenants file does not need (devlink on a node without it) says
+nothing. No kernel here: the probe and the node are replaced, the planning is real."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import pytest
 import structlog
 
+from shaperd.backends.devlink.backend import DevlinkBackend
 from shaperd.backends.edt.backend import EdtBackend
 from shaperd.backends.htb.backend import HtbBackend
 from shaperd.backends.marks.backend import MarksBackend
@@ -17,8 +19,11 @@ from shaperd.cli import node
 from shaperd.core.inventory import Capabilities
 from shaperd.core.roots import Roots
 from shaperd.engine import reconciler as engine
+from shaperd.kernel import devlink as nl
 from shaperd.kernel import probe
 from shaperd.kernel.rtnl_rows import LinkRow
+
+from ..rdma_fixture import Node as RdmaNode
 
 EDT_CFG = """node:
   interfaces: [eth0]
@@ -122,3 +127,57 @@ def test_the_assumed_note_follows_the_capabilities_it_describes():
                                             leaf_kinds=frozenset({"fq_codel", "bfifo"})))
     assert caps.notes == ("why: assumed sch_htb, bfifo leaves, fq_codel leaves",)
     assert node.assumed("x").notes[0].startswith("x: assumed sch_htb, cls_u32, cls_bpf, bfifo leaves; not assumed")
+
+
+# -- a backend nothing needs is silent ---------------------------------------------------------------------
+
+class NoDevlinkFamily:
+    """The devlink socket of a kernel without the devlink family (what most nodes without switchdev have)."""
+
+    def family(self):
+        raise nl.DevlinkAbsent("resolve", "generic netlink family devlink", "the node",
+                               "the kernel has no devlink family (no devlink device, no rate group can exist here)")
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def no_devlink(monkeypatch, tmp_path):
+    """The node: eth0, the RDMA fixture's sysfs (mlx5_0 with VFs mlx5_2/3 at 0000:3b:00.2/3), no devlink."""
+    roots = Roots.of(sys=str(RdmaNode(tmp_path / "node").build().sys), proc=tmp_path / "proc", run=tmp_path / "run")
+
+    def open_node(caps, **kw):
+        return engine.Reconciler(Reader(), [HtbBackend(None), DevlinkBackend(NoDevlinkFamily)], caps, roots=roots,
+                                 cgroup_root=None)
+
+    monkeypatch.setattr(engine, "open_node", open_node)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+
+
+TENANT = """node: {interfaces: [eth0], capacity: 10Gbps}
+tenants:
+  - name: tenant-a
+    bandwidthGuarantee: 4Gbps
+    priority: 100
+    match: {cidrs: [198.18.1.0/24]}
+"""
+
+
+@pytest.mark.parametrize("argv", [["plan"], ["plan", "-o", "json"]], ids=["text", "json"])
+def test_no_devlink_word_where_no_tenant_holds_a_vf(no_devlink, capsys, tmp_path, argv):
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(TENANT)
+    assert cli.main(argv + ["-c", str(cfg)]) == 0
+    out, err = capsys.readouterr()  # (log lines, were there any, would be in err)
+    assert "tenant-a" in out  # the plan is there
+    assert "devlink" not in out + err
+
+
+def test_a_tenant_holding_a_vf_is_told_devlink_is_missing(no_devlink, capsys, tmp_path):
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(TENANT + '    rdma: {devices: ["0000:3b:00.2"]}\n')
+    assert cli.main(["plan", "-c", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert ("# warning: devlink backend disabled: devlink rate groups: the kernel has no devlink family (no devlink "
+            "device, no rate group can exist here)") in out.splitlines(), out
