@@ -13,6 +13,12 @@ package with a ``register(subparsers)``, listed in ``GROUPS`` in the order
 (check-config), reconcile (plan, diff, apply, teardown), run, status
 (status, top), rdma (rdma ...), meta (completion; ``--version`` is a root
 option), webhook, demo. Read commands take ``-o text|json|yaml`` (core/format.py).
+
+Log lines (core/log.py) go to stderr from the daemons, ``run`` and
+``webhook`` (their groups set ``log_lines``), and from any other command
+only when asked for with ``--log-json`` or ``--log-level``. Otherwise a
+command says what happened in its output and its problems as plain
+``shaperd: ...`` lines on stderr (core/exitcodes.err), nothing else.
 """
 
 from __future__ import annotations
@@ -33,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action=meta.VersionAction,
                     help="print version, git commit, Python and pyroute2, and exit")
     ap.add_argument("--log-json", dest="log_json", action="store_true", default=None,
-                    help="JSON log lines (default when stderr is not a terminal)")
-    ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+                    help="JSON log lines (default when stderr is not a terminal); commands other than run and "
+                         "webhook write log lines only when given this or --log-level")
+    ap.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+                    help="log lines at this level and above (default info)")
     ap.set_defaults(root_parser=ap)  # for `completion`, which prints a script made from this parser
     sub = ap.add_subparsers(dest="cmd", required=True)
     for group in GROUPS:
@@ -44,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    log.configure(json=args.log_json, level=args.log_level)
+    asked = args.log_json is not None or args.log_level is not None
+    log.configure(json=args.log_json, level=args.log_level or "info",
+                  enabled=asked or getattr(args, "log_lines", False))
     try:
         return args.fn(args)
     except ConfigError as e:

@@ -5,7 +5,8 @@ Kubernetes API (``--node-name``/$NODE_NAME, unless ``--no-kubernetes``),
 Volcano queues and CiliumNetworkPolicy scopes, the kubelet's pod-resources
 API, the tenants file from a ConfigMap (``--config-map``), the metrics
 endpoint and its web config, and the SM-table check. Each reconcile opens
-the node through cli/node.reconciler.
+the node through cli/node.reconciler. A daemon: it writes log lines
+without being asked (``log_lines``, cli/main.py).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def register(sub) -> None:
                    help="how often to read the SM's SL2VL/VLArb tables on InfiniBand ports (default 60)")
     p.add_argument("--max-vls", action="append", type=_max_vls_arg, metavar="N|TYPE=N", default=[],
                    help="as given to 'rdma opensm-config': the SM-table check expects those tables (default 8)")
-    p.set_defaults(fn=cmd_run)
+    p.set_defaults(fn=cmd_run, log_lines=True)
 
 
 def _config_map_arg(text: str) -> str:

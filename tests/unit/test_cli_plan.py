@@ -181,3 +181,38 @@ def test_a_tenant_holding_a_vf_is_told_devlink_is_missing(no_devlink, capsys, tm
     out = capsys.readouterr().out
     assert ("# warning: devlink backend disabled: devlink rate groups: the kernel has no devlink family (no devlink "
             "device, no rate group can exist here)") in out.splitlines(), out
+
+
+# -- log lines: from the daemons, or when asked ------------------------------------------------------------
+
+@pytest.fixture
+def handlers_that_log(monkeypatch):
+    """plan's, run's and webhook's handlers replaced by one that logs a warning and returns 0 (the parser is
+    built per main)."""
+    from shaperd import webhook
+    from shaperd.cli import reconcile, run
+    from shaperd.core import log
+
+    def logs(args):
+        log.get("shaperd.test").warning("something to say", command=args.cmd)
+        return 0
+
+    monkeypatch.setattr(reconcile, "cmd_plan", logs)
+    monkeypatch.setattr(run, "cmd_run", logs)
+    monkeypatch.setattr(webhook, "main", logs)
+
+
+@pytest.mark.parametrize("argv,lines", [
+    (["plan"], 0),  # a one-shot command, not asked: no log line at all
+    (["--log-json", "plan"], 1),
+    (["--log-level", "warning", "plan"], 1),
+    (["--log-level", "error", "plan"], 0),  # asked, but for errors only
+    (["run"], 1),  # the daemons log unasked
+    (["webhook"], 1),
+])
+def test_log_lines_come_from_the_daemon_or_when_asked(handlers_that_log, capsys, argv, lines):
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == lines, err
+    for line in err:  # stderr is not a terminal here: JSON lines
+        assert '"event": "something to say"' in line and '"level": "warning"' in line
