@@ -4,7 +4,8 @@ Owns the devlink rate nodes named ``shpd_*`` and the parent of the leaves it
 put under them; nothing else (objects.py, diff.py). probe resolves the
 devlink family once: a kernel without it (this is common: no devlink
 device) disables the backend, and no further netlink is spent; the note
-becomes a plan warning only where a tenant holds a VF (``wanted``). observe is one RATE_GET dump (plus a PORT_GET dump where there are
+becomes a plan warning only where a tenant holds a VF (``wanted``).
+observe is one RATE_GET dump (plus a PORT_GET dump where there are
 leaves to match to VFs). apply writes one operation at a time and reads the
 nodes back, so a value the driver did not keep is a failure, not a silent
 success. stats and the metrics collector (report/devlink_metrics.py) read
