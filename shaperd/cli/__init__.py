@@ -1,1 +1,1 @@
-"""The command line: ``shaperd`` and its command groups, one module each (the top layer)."""
+"""The shaperd command line (the top layer): one module per command group; main.py builds the parser from their register()."""

@@ -28,6 +28,9 @@ row (``parent`` = the ingress or egress hook, ``kind``, ``prio``,
 teardown and removes one whose filters were all shaperd's, through the
 ``apply`` of a backend that owned one there (backends/common/clsact.py).
 
+Optionally ``wanted(ctx) -> bool``: whether this tenants file, on this node,
+asks for what the backend enforces; a disabled backend's probe notes become
+plan warnings only then (without it: always), so one nothing needs is silent.
 Optionally ``render(desired) -> str``: the desired state as the equivalent
 command lines of the operators' own tools (``ip link``, ``devlink``,
 ``dcb``), printed by ``shaperd plan`` after the tc commands.
@@ -228,10 +231,6 @@ class StatusInput:
     refused: dict = field(default_factory=dict)
 
 
-def _always(_cfg) -> bool:
-    return True
-
-
 @dataclass(frozen=True)
 class BackendSpec:
     """Everything the engine, the kernel writer, status, top, metrics and the command line need to know
@@ -241,8 +240,6 @@ class BackendSpec:
     - ``factory(NodeContext) -> Backend``; ``order``: the reconcile order (lower first);
     - ``codec``: its tc encoders (kernel/tc.Codec) for the node's writer, or None;
     - ``program_checks``: kernel/probe.ProgramChecks fields it supplies (its eBPF programs to try);
-    - ``needed(config) -> bool``: whether this tenants file asks for its feature (a backend that is not
-      needed says nothing: its probe notes are not logged);
     - ``commands(rdma_subparsers, node_opts)``: its ``shaperd rdma ...`` subcommands, or None;
     - ``metrics(metrics, backend, job)``: add its Prometheus collector for a running ``backend`` (``job()``
       returns its background job or None);
@@ -259,7 +256,6 @@ class BackendSpec:
     order: int = 50
     codec: Any = None
     program_checks: dict = field(default_factory=dict)
-    needed: Callable[[Any], bool] = _always
     commands: Callable | None = None
     metrics: Callable | None = None
     job: Callable | None = None

@@ -60,6 +60,9 @@ class PlanResult:
 
     tenancy: Tenancy = field(default_factory=Tenancy)
     desired: dict[str, Any] = field(default_factory=dict)
+    # What the tenants file asks for that this node cannot give: a disabled backend it needs, a cgroup
+    # that is not there (Reconciler.unmet). Warnings, like the backends' own.
+    unmet: tuple[str, ...] = ()
 
     @property
     def problems(self) -> tuple[ConfigProblem, ...]:
@@ -67,7 +70,7 @@ class PlanResult:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        return self.tenancy.warnings + tuple(w for d in self.desired.values() for w in d.warnings)
+        return self.tenancy.warnings + self.unmet + tuple(w for d in self.desired.values() for w in d.warnings)
 
     @property
     def pod_tenants(self) -> dict[str, str]:
@@ -143,12 +146,9 @@ class Reconciler:
         # <run>/shaperd/refused-<scope>.json, set by open_node: what applies found the kernel refuses, for status.
         self.refused_file = None
         self._refusals_recorded: dict | None = None
-        # Probed once: a backend this kernel cannot run is left out, with its reason.
+        # Probed once: a backend this kernel cannot run is left out. Its reason becomes a plan warning
+        # where the tenants file needs it (unmet): a backend nothing asks for is silent.
         self.support: dict[str, Support] = {b.name: b.probe(capabilities) for b in self.backends}
-        for b in self.backends:
-            s = self.support[b.name]
-            if not s.enabled:
-                self.log.warning("backend disabled", backend=b.name, reason="; ".join(s.notes))
 
     @property
     def enabled(self) -> list[Backend]:
@@ -165,10 +165,8 @@ class Reconciler:
             for t in cfg.tenants:
                 for path in t.match.cgroups:
                     r = cgroups_mod.ref(self.cgroup_root, path)
-                    if r is None:
-                        self.log.warning("cgroup not found", tenant=t.name, cgroup=path, root=str(self.cgroup_root))
-                    else:
-                        refs.append(r)
+                    if r is not None:
+                        refs.append(r)  # one that is not there is said by unmet()
         rdma, rdma_notes = rdma_mod.discover(self.roots)
         if self.pod_resources is not None and pods:
             pods, notes = self.pod_resources.resolve(pods)
@@ -184,7 +182,29 @@ class Reconciler:
         """Pure given the inventory: every enabled backend's desired state."""
         inv = inv or self.inventory(cfg)
         ctx = self._plan_input(cfg, inv)
-        return PlanResult(ctx.tenancy, {b.name: b.plan(ctx) for b in self.enabled})
+        return PlanResult(ctx.tenancy, {b.name: b.plan(ctx) for b in self.enabled}, self.unmet(ctx))
+
+    def unmet(self, ctx: PlanInput) -> tuple[str, ...]:
+        """What the tenants file asks for that this node cannot give: each disabled backend it needs here
+        (the backend's optional ``wanted(ctx)``; without one, always) with its probe notes, and each
+        ``match.cgroups`` entry that is not there."""
+        out = []
+        for b in self.backends:
+            s = self.support[b.name]
+            if s.enabled:
+                continue
+            wanted = getattr(b, "wanted", None)
+            try:
+                needed = wanted is None or wanted(ctx)
+            except Exception:  # noqa: BLE001 - a buggy check must not hide that a backend is off
+                needed = True
+            if needed:
+                out += [f"{b.name} backend disabled: {n}" for n in s.notes or ("not supported here",)]
+        if self.cgroup_root is not None:
+            found = {r.path for r in ctx.inventory.cgroups}
+            out += [f"tenant {t.name}: cgroup {path} not found under {self.cgroup_root}: not matched until it "
+                    "exists" for t in ctx.config.tenants for path in t.match.cgroups if path not in found]
+        return tuple(out)
 
     # -- the reconcile ---------------------------------------------------------
     def diff(self, cfg: Config) -> Report:
@@ -240,7 +260,8 @@ class Reconciler:
                     bo.targets.append(self._settle(b, bo.desired, td, inv, write))
             except Exception as e:  # noqa: BLE001 - one backend never stops the others
                 bo.error = self._backend_failed(b, e)
-        return Report(PlanResult(ctx.tenancy, desired), outcomes, time.perf_counter() - start, inventory=inv)
+        return Report(PlanResult(ctx.tenancy, desired, self.unmet(ctx)), outcomes, time.perf_counter() - start,
+                      inventory=inv)
 
     def _settle(self, b: Backend, desired, td: TargetDiff, inv: Inventory, write: bool) -> TargetOutcome:
         out = TargetOutcome(b.name, td.target, blocked=td.blocked, error=td.error)

@@ -67,9 +67,5 @@ class Registry:
             fields.update(s.program_checks)
         return kernel_probe.ProgramChecks(**fields)
 
-    def needed(self, name: str, cfg) -> bool:
-        s = self.spec(name)
-        return s is None or cfg is None or s.needed(cfg)
-
 
 REGISTRY = Registry()

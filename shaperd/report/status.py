@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import time
 
+from shaperd.core import exitcodes
 from shaperd.core import format as output
 from shaperd.core.protocol import StatusInput
 
@@ -150,8 +151,8 @@ def _loop(args, reader, sections, degraded=None) -> int:
             doc["degraded"] = deg.doc()
         if output.machine(args):  # -o json: one compact line per window (JSON lines under --watch)
             print(("---\n" if args.watch and args.output == "yaml" else "") + output.dump(doc, args.output, indent=None))
-            for err in errors:
-                print(f"shaperd: {err}", file=sys.stderr)
+            for e in errors:
+                exitcodes.err(e)
         else:
             if args.watch and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")

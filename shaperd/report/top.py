@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from shaperd.core import format as output
+from shaperd.core.exitcodes import EXIT_OK
 from shaperd.backends.common.objects import fmt_handle
 from shaperd.core.units import format_rate
 from shaperd.report.sampler import Accumulator, TenantSeries
@@ -187,7 +188,7 @@ def main(args) -> int:
                 text = render(views, drops_base, window, rdma=rdma.view(), color=color)
                 print((CLEAR if tty else "") + text + ("" if tty else "\n"), flush=True)
             if n > 0 and args.iterations is not None and n >= args.iterations:
-                return 0
+                return EXIT_OK
             n += 1
             time.sleep(args.interval)
     finally:

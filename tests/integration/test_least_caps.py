@@ -24,7 +24,7 @@ import pytest
 
 from tests import procs
 
-from .conftest import PY, ROOT, needs_root, wait_for
+from .conftest import PY, needs_root, wait_for
 
 pytestmark = [needs_root, pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) missing")]
 

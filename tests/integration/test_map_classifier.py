@@ -4,7 +4,6 @@ and the u32 path stays available (SHAPERD_CLASSIFIER=u32)."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from pathlib import Path
 

@@ -17,6 +17,7 @@ import yaml
 from shaperd.core import buildinfo
 from shaperd.cli import main as cli
 from shaperd.cli import meta as cli_meta
+from shaperd.cli import reconcile as cli_reconcile
 from shaperd.core import format as cli_output
 from shaperd.core import config
 from shaperd.backends.htb.ops import DeleteRoot
@@ -66,7 +67,8 @@ def test_check_config_json_and_yaml_are_the_same_object(capsys):
     assert as_json["tenants"][0]["guarantee_bps"] == cfg.tenants[0].guarantee_bps
 
 
-def test_plan_json_holds_the_planned_objects(capsys):
+def test_plan_json_holds_the_planned_objects(capsys, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # as a user: plan probes no kernel (test_cli_plan.py: as root)
     assert cli.main(["plan", "-c", str(EXAMPLE), "-o", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     dev = out["desired"]["htb"]["devices"][0]
@@ -103,7 +105,7 @@ def test_diff_exits_like_kubectl_diff(monkeypatch, capsys, tmp_path, rep, code):
         def diff(self, cfg):
             return rep
 
-    monkeypatch.setattr(cli, "_reconciler", lambda args: Rec())
+    monkeypatch.setattr(cli_reconcile, "_reconciler", lambda args: Rec())
     assert cli.main(["diff", "-c", str(EXAMPLE)]) == code
     text = capsys.readouterr().out
     assert f"{len(rep.devices[0].ops)} would change" in text and ("would delete" in text) is bool(rep.devices[0].ops)
@@ -118,7 +120,7 @@ def test_diff_of_an_unreadable_node_is_3_and_a_bad_file_2(monkeypatch, tmp_path)
     def boom(args):
         raise KernelError("open", "rtnetlink", "netns x", "no such namespace")
 
-    monkeypatch.setattr(cli, "_reconciler", boom)
+    monkeypatch.setattr(cli_reconcile, "_reconciler", boom)
     assert cli.main(["diff", "-c", str(EXAMPLE)]) == 3
     bad = tmp_path / "bad.yaml"
     bad.write_text("tenants: [{name: a}]\n")
@@ -145,7 +147,7 @@ def test_teardown_dry_run_through_the_cli_prints_would(monkeypatch, capsys):
             calls.append(dry_run)
             return _report(TargetOutcome("htb", "eth0", ops=[OP]))
 
-    monkeypatch.setattr(cli, "_reconciler", lambda args, **kw: Rec())
+    monkeypatch.setattr(cli_reconcile, "_reconciler", lambda args, **kw: Rec())
     assert cli.main(["teardown", "--dry-run"]) == 0
     assert calls == [True] and "would delete" in capsys.readouterr().out.lower()
     assert cli.main(["teardown", "--dry-run", "-o", "yaml"]) == 0

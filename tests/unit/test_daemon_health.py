@@ -318,7 +318,9 @@ def test_status_prints_the_degraded_line_puts_it_in_json_and_exits_by_the_cli_co
         opened.append(args)
         return SimpleNamespace(diff=lambda cfg: got["rep"])
 
-    monkeypatch.setattr(cli, "_reconciler", reconciler)
+    from shaperd.cli import node as cli_node
+
+    monkeypatch.setattr(cli_node, "reconciler", reconciler)
     cfg = tmp_path / "t.yaml"
     cfg.write_text("node: {interfaces: [v0, v1], capacity: 1Gbps}\n"
                    "tenants: [{name: a, bandwidthGuarantee: 100Mbps, priority: 1}]\n")

@@ -310,7 +310,9 @@ def _status(monkeypatch, tmp_path, maps_by_dev):
     monkeypatch.setattr(classifier_status, "collect", lambda reader: {})
     for nic in (vf_status, devlink_status, dcb_status):  # no NIC section: their kernel sides are not faked here
         monkeypatch.setattr(nic, "sections", lambda inp: [])
-    monkeypatch.setattr(cli, "_status_degraded", lambda args: None)  # no plan and diff of the host's kernel
+    from shaperd.cli import status as cli_status
+
+    monkeypatch.setattr(cli_status, "_status_degraded", lambda args: None)  # no plan and diff of the host's kernel
 
     def open_maps(reader, dev, pins):
         m = maps_by_dev[dev.device]

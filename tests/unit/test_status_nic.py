@@ -179,7 +179,9 @@ def test_status_prints_the_sections_after_the_classes_and_rdma_ports_and_in_its_
     from shaperd.backends.vfrate import status as vf_status
 
     monkeypatch.setattr(rtnl, "RtnlReader", lambda netns=None, **kw: Reader())
-    monkeypatch.setattr(cli, "_status_degraded", lambda args: None)  # no plan and diff of the host's kernel
+    from shaperd.cli import status as cli_status
+
+    monkeypatch.setattr(cli_status, "_status_degraded", lambda args: None)  # no plan and diff of the host's kernel
     monkeypatch.setattr(htb_status, "sample", lambda reader: {})  # no tc class: the table's empty line
     from shaperd.backends.htb import classifier_status
 

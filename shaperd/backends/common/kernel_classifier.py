@@ -454,14 +454,15 @@ def apply_ops(ipr, ops: list[Operation], pins: bpf_pins.PinStore | None = None) 
 ADOPT_PINS, ADOPT_ID = "pins", "id"
 
 
-def probe_load(pin_root: str | None = None) -> tuple[str, str]:
+def probe_load(pin_root: str | None = None, read_only: bool = False) -> tuple[str, str]:
     """Without a probe device: create the maps, load the program and get them back as a later
     reconcile adopts them; attach nothing (clsact and a tc filter are NET_ADMIN's).
 
     Returns (how, reason): how is "pins" when pinning under ``pin_root`` and reopening the pins
     works (CAP_BPF and the directory's permissions), else "id" when reading the maps back by id
     works (BPF_*_GET_FD_BY_ID need CAP_SYS_ADMIN), else "" (a classifier that cannot be adopted
-    would be reinstalled on every reconcile: the u32 path instead). reason says why not pins/id."""
+    would be reinstalled on every reconcile: the u32 path instead). reason says why not pins/id.
+    ``read_only``: pin nothing; whether pinning would work is checked instead (bpf_pins.pinnable)."""
     want, _ = mapcls.build(0xFFFFFFFF, {}, (), {}, {})
     try:
         with ClassifierMaps.create() as maps:
@@ -470,9 +471,11 @@ def probe_load(pin_root: str | None = None) -> tuple[str, str]:
                 prog_id = bpf_maps.prog_info(fd).id
                 pin_why = "no bpffs root configured"
                 if pin_root:
-                    ok, pin_why = _probe_pins(pin_root, fd, maps, prog_id)
+                    ok, pin_why = (bpf_pins.pinnable(pin_root) if read_only
+                                   else _probe_pins(pin_root, fd, maps, prog_id))
                     if ok:
-                        return ADOPT_PINS, f"bpffs pins under {pin_root}"
+                        return ADOPT_PINS, f"bpffs pins under {pin_root}" + (" (checked, none made)" if read_only
+                                                                            else "")
                 try:
                     with ClassifierMaps.adopt(prog_id):  # while fd holds the program alive
                         pass

@@ -11,10 +11,6 @@ def _factory(ctx: NodeContext):
     return DcbBackend(ctx.netns, str(ctx.roots.run) if ctx.roots is not None else "/run")
 
 
-def _needed(cfg) -> bool:
-    """Only tenants with RDMA settings have functions or traffic classes for it to shape."""
-    return any(t.rdma is not None for t in cfg.tenants)
-
 
 def _commands(sub, node_opts) -> None:
     from shaperd.backends.dcb import cli
@@ -34,5 +30,5 @@ def _status(inp):
     return status.sections(inp)
 
 
-SPEC = BackendSpec(name="dcb", factory=_factory, order=50, needed=_needed, commands=_commands,
+SPEC = BackendSpec(name="dcb", factory=_factory, order=50, commands=_commands,
                    metrics=_metrics, status=_status)

@@ -3,8 +3,9 @@
 Owns the devlink rate nodes named ``shpd_*`` and the parent of the leaves it
 put under them; nothing else (objects.py, diff.py). probe resolves the
 devlink family once: a kernel without it (this is common: no devlink
-device) disables the backend with one note, and no further netlink is
-spent. observe is one RATE_GET dump (plus a PORT_GET dump where there are
+device) disables the backend, and no further netlink is spent; the note
+becomes a plan warning only where a tenant holds a VF (``wanted``).
+observe is one RATE_GET dump (plus a PORT_GET dump where there are
 leaves to match to VFs). apply writes one operation at a time and reads the
 nodes back, so a value the driver did not keep is a failure, not a silent
 success. stats and the metrics collector (report/devlink_metrics.py) read
@@ -26,6 +27,7 @@ from shaperd.backends.devlink.objects import DevlinkObserved, DevlinkPlan, Port,
 from shaperd.backends.devlink.ops import CreateRateNode, DeleteRateNode, SetLeafParent, SetRateNode
 from shaperd.backends.devlink.plan import plan as plan_nodes
 from shaperd.backends.devlink.render import render as render_nodes
+from shaperd.rdma import plan as rdma_plan
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,13 @@ class DevlinkBackend:
             why = e.cause if isinstance(e, nl.DevlinkAbsent) else str(e)
             return Support(False, (f"devlink rate groups: {why}",))
         return Support(True)
+
+    def wanted(self, ctx: PlanInput) -> bool:
+        """Whether a tenant holds an SR-IOV VF on this node (by rdma.devices or through its pods): only
+        then does the tenants file ask for rate groups, and only then is a disabled backend worth a word."""
+        inv = ctx.inventory
+        return any((dev := inv.rdma_device(port.device)) is not None and dev.is_vf
+                   for t in rdma_plan.plan(ctx.config, inv, ctx.tenancy).tenants for port in t.ports)
 
     def close(self) -> None:
         if self._nl is not None:

@@ -40,7 +40,6 @@ def _top(inp):
 
 SPEC = BackendSpec(
     name="edt", factory=_factory, order=20, codec=kernel_tc.CODEC,
-    program_checks={"stamper_load": lambda root: kernel_stamper.probe_load(root)},
-    needed=lambda cfg: cfg.node.dataplane in ("edt", "auto"),
+    program_checks={"stamper_load": lambda root, read_only=False: kernel_stamper.probe_load(root, read_only=read_only)},
     job=_job, metrics=_metrics, status=_status, top=_top,
 )

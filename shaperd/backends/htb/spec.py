@@ -35,6 +35,7 @@ SPEC = BackendSpec(
     name="htb", factory=_factory, order=10, codec=kernel_tc.CODEC,
     # The map classifier is shared with edt (backends/common); htb supplies the probe's checks of it.
     program_checks={"classifier_attach": lambda ipr, ifindex: kernel_classifier.probe(ipr, ifindex),
-                    "classifier_load": lambda root: kernel_classifier.probe_load(root)},
+                    "classifier_load": lambda root, read_only=False: kernel_classifier.probe_load(
+                        root, read_only=read_only)},
     metrics=_metrics, status=_status, top=_top,
 )

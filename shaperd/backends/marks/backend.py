@@ -27,6 +27,10 @@ class MarksBackend:
                                    "(not after masquerade or encapsulation)",))
         return Support(True)
 
+    def wanted(self, ctx: PlanInput) -> bool:
+        """Mark programs are for tenants' pods: without one on this node, cls_bpf is not missed."""
+        return bool(ctx.tenancy.pod_tenants)
+
     def plan(self, ctx: PlanInput) -> MarksPlan:
         return marks_plan.plan(ctx.config, ctx.inventory, ctx.tenancy)
 

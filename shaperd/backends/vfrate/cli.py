@@ -12,6 +12,7 @@ whose reported minimum is 0 while one is wanted says so. Exit 0 in sync,
 from __future__ import annotations
 
 from shaperd.core import format as output
+from shaperd.core.exitcodes import EXIT_FAILED, EXIT_OK
 
 
 def register(sub, node_opts) -> None:
@@ -84,7 +85,7 @@ def run(args) -> int:
     bad = [t for t in rep.devices if t.ops or t.blocked or t.error]
     if output.machine(args):
         output.emit(out, args, indent=2)
-        return 1 if bad else 0
+        return EXIT_FAILED if bad else EXIT_OK
     for w in backend.snapshot.desired.warnings:
         print(f"warning: {w}")
     if not table:
@@ -97,4 +98,4 @@ def run(args) -> int:
     for t in rep.devices:
         if t.blocked or t.error:
             print(f"{t.device}: {t.blocked or t.error}")
-    return 1 if bad else 0
+    return EXIT_FAILED if bad else EXIT_OK
