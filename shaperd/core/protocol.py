@@ -261,3 +261,48 @@ class BackendSpec:
     job: Callable | None = None
     status: Callable | None = None
     top: Callable | None = None
+
+
+class StatusSection:
+    """Base of a ``shaperd status`` section (a spec's ``status`` returns these): the no-ops most need.
+
+    ``order``: its place in the output; ``key``: its key in -o json. The frame (report/status.py) calls
+    ``sample(reader)`` at both ends of the window, then ``collect(reader) -> dict`` (its keys; {} when it
+    has nothing here), ``render(window_doc) -> str`` ("" for nothing), ``errors()`` (devices it could not
+    read: status exits 1) and, at the end, ``close()``."""
+
+    order = 50
+    key = ""
+
+    def sample(self, reader) -> None:
+        pass
+
+    def collect(self, reader) -> dict:
+        return {}
+
+    def render(self, doc: dict) -> str:
+        return ""
+
+    def errors(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class KeyedSection(StatusSection):
+    """A section that is one key of the document: ``read(reader)`` gives its value or None (nothing on
+    this node: no key, no text); ``lines(value)`` its text."""
+
+    def read(self, reader):  # pragma: no cover - every subclass reads something
+        raise NotImplementedError
+
+    def lines(self, value) -> list[str]:  # pragma: no cover - every subclass renders
+        raise NotImplementedError
+
+    def collect(self, reader) -> dict:
+        value = self.read(reader)
+        return {self.key: value} if value is not None else {}
+
+    def render(self, doc: dict) -> str:
+        return "\n".join(self.lines(doc[self.key])) if self.key in doc else ""

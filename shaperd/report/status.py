@@ -18,9 +18,9 @@ import time
 
 from shaperd.core import exitcodes
 from shaperd.core import format as output
-from shaperd.core.protocol import StatusInput
+from shaperd.core.protocol import StatusInput, StatusSection
 
-class RdmaSection:
+class RdmaSection(StatusSection):
     """The tenants' RDMA ports and what they sent (not a backend: measured at the HCA, never shaped by tc)."""
 
     order = 30
@@ -46,14 +46,8 @@ class RdmaSection:
 
         return "RDMA ports (measured at the HCA; not shaped by tc):\n" + render_table(self.ports) if self.ports else ""
 
-    def errors(self) -> list[str]:
-        return []
 
-    def close(self) -> None:
-        pass
-
-
-class RefusedSection:
+class RefusedSection(StatusSection):
     """The uplinks on htb because the kernel refused edt there (what the applying process recorded)."""
 
     order = 90
@@ -61,9 +55,6 @@ class RefusedSection:
 
     def __init__(self, args):
         self.args = args
-
-    def sample(self, reader) -> None:
-        pass
 
     def collect(self, reader) -> dict:
         from shaperd.engine import refusals_file
@@ -74,12 +65,6 @@ class RefusedSection:
         from shaperd.engine import refusals_file
 
         return refusals_file.render(self.args)
-
-    def errors(self) -> list[str]:
-        return []
-
-    def close(self) -> None:
-        pass
 
 
 def status_input(args) -> StatusInput:

@@ -7,6 +7,7 @@ whose DCB cannot be read (no DCB in its driver) has nothing to show.
 from __future__ import annotations
 
 from shaperd.core.format import table as _table
+from shaperd.core.protocol import KeyedSection
 
 KEY = "dcb"
 
@@ -50,33 +51,23 @@ def render(s: dict) -> list[str]:
     return lines
 
 
-class Section:
+class Section(KeyedSection):
     order = 42
     key = KEY
 
     def __init__(self, inp, client=None):
         self.inp, self.client = inp, client
 
-    def sample(self, reader) -> None:
-        pass
-
-    def collect(self, reader) -> dict:
+    def read(self, reader):
         client = self.client
         if client is None:
             from shaperd.kernel.dcb import DcbClient
 
             client = DcbClient(reader)
-        sec = collect(self.inp.config, self.inp.roots, self.inp.netns, client)
-        return {KEY: sec} if sec is not None else {}
+        return collect(self.inp.config, self.inp.roots, self.inp.netns, client)
 
-    def render(self, doc: dict) -> str:
-        return "\n".join(render(doc[KEY])) if KEY in doc else ""
-
-    def errors(self) -> list[str]:
-        return []
-
-    def close(self) -> None:
-        pass
+    def lines(self, value) -> list[str]:
+        return render(value)
 
 
 def sections(inp) -> list:

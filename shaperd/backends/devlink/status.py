@@ -7,6 +7,7 @@ rate node: no key, no text; any other probe failure is a read failure, shown.
 from __future__ import annotations
 
 from shaperd.core.format import table as _table
+from shaperd.core.protocol import KeyedSection
 from shaperd.core.units import format_rate
 
 KEY = "devlink_rates"
@@ -44,7 +45,7 @@ def render(s: dict) -> list[str]:
     return lines
 
 
-class Section:
+class Section(KeyedSection):
     order = 41
     key = KEY
 
@@ -57,21 +58,11 @@ class Section:
                 return nl.DevlinkNl(inp.netns, run_root=str(inp.roots.run))
         self.open_nl = open_nl
 
-    def sample(self, reader) -> None:
-        pass
+    def read(self, reader):
+        return collect(self.inp.config, self.inp.roots, self.open_nl)
 
-    def collect(self, reader) -> dict:
-        sec = collect(self.inp.config, self.inp.roots, self.open_nl)
-        return {KEY: sec} if sec is not None else {}
-
-    def render(self, doc: dict) -> str:
-        return "\n".join(render(doc[KEY])) if KEY in doc else ""
-
-    def errors(self) -> list[str]:
-        return []
-
-    def close(self) -> None:
-        pass
+    def lines(self, value) -> list[str]:
+        return render(value)
 
 
 def sections(inp) -> list:

@@ -34,6 +34,8 @@ from shaperd.backends.edt.controller import rate_bps_of_q16
 from shaperd.backends.edt.objects import DEFAULT_KEY, PRIO_STAMPER, ROOT_HANDLE
 from shaperd.backends.common.objects import HANDLE_MAJOR, fmt_handle
 from shaperd.core.units import format_rate
+from shaperd.core.protocol import StatusSection
+from shaperd.core.units import format_backlog_ns as format_backlog  # status and top show it alike
 
 NONE_TENANT = "(none)"  # the default key: traffic of no tenant (edt_metrics labels it the same)
 UNKNOWN_TENANT = "?"  # a key in the maps that the tenants file does not name (or no tenants file)
@@ -312,7 +314,6 @@ def _rate(bps) -> str:
     return "-" if bps is None else format_rate(int(bps))
 
 
-from shaperd.core.units import format_backlog_ns as format_backlog  # noqa: E402 - status and top show it alike
 
 
 def render(rows: list[EdtRow], errors: dict[str, str]) -> str:
@@ -343,7 +344,8 @@ def pins_for(bpffs_root: str | None, netns: str | None):
     return bpf_pins.PinStore(bpffs_root, bpf_pins.scope_for(netns)).sub(edt_prog.STAMPER_PINS)
 
 
-class Section:
+
+class Section(StatusSection):
     """edt's ``shaperd status`` section: the stampers' maps at the window's ends (none: no key, no text)."""
 
     order = 20

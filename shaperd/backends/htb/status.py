@@ -16,7 +16,7 @@ from shaperd.backends.common.objects import DEFAULT_CLASS_MINOR, HANDLE_MAJOR, R
 from shaperd.core.config import load_file
 from shaperd.core.errors import ConfigError
 from shaperd.core.ids import assign_minors
-from shaperd.core.protocol import ClassTarget
+from shaperd.core.protocol import ClassTarget, StatusSection
 from shaperd.core.units import format_rate
 
 
@@ -107,7 +107,7 @@ def render_table(rs: list[Row], empty_note: str = "(no device carries shaperd's 
     return text
 
 
-class ClassesSection:
+class ClassesSection(StatusSection):
     """The class table (always shown: its empty line says why there is nothing)."""
 
     order = 10
@@ -131,14 +131,8 @@ class ClassesSection:
         other_plane = bool(doc.get("edt"))
         return render_table(self.rows, "(no device on the HTB data plane)") if other_plane else render_table(self.rows)
 
-    def errors(self) -> list[str]:
-        return []
 
-    def close(self) -> None:
-        pass
-
-
-class ClassifierSection:
+class ClassifierSection(StatusSection):
     """Which classifier path (eBPF map or u32) and offload each device carrying shaperd's HTB root uses."""
 
     order = 60
@@ -149,9 +143,6 @@ class ClassifierSection:
 
         self.inp = inp
         self.probe = DeviceProbe(inp.netns, inp.roots)  # read-only: driver and ethtool features
-
-    def sample(self, reader) -> None:
-        pass
 
     def collect(self, reader) -> dict:
         from shaperd.backends.htb import classifier_status
@@ -164,12 +155,6 @@ class ClassifierSection:
         from shaperd.backends.htb import classifier_status
 
         return classifier_status.render(doc["classifier"]) if doc.get("classifier") else ""
-
-    def errors(self) -> list[str]:
-        return []
-
-    def close(self) -> None:
-        pass
 
 
 def sections(inp) -> list:

@@ -7,6 +7,7 @@ tenant VF has no key and prints nothing; a failed read is shown in the section (
 from __future__ import annotations
 
 from shaperd.core.format import table as _table
+from shaperd.core.protocol import KeyedSection
 
 KEY = "vf_rates"
 
@@ -38,28 +39,18 @@ def render(s: dict) -> list[str]:
     return lines
 
 
-class Section:
+class Section(KeyedSection):
     order = 40
     key = KEY
 
     def __init__(self, inp, kernel=None):
         self.inp, self.kernel = inp, kernel
 
-    def sample(self, reader) -> None:
-        pass
+    def read(self, reader):
+        return collect(self.inp.config, self.inp.roots, reader, self.inp.diff_one, self.kernel)
 
-    def collect(self, reader) -> dict:
-        sec = collect(self.inp.config, self.inp.roots, reader, self.inp.diff_one, self.kernel)
-        return {KEY: sec} if sec is not None else {}
-
-    def render(self, doc: dict) -> str:
-        return "\n".join(render(doc[KEY])) if KEY in doc else ""
-
-    def errors(self) -> list[str]:
-        return []
-
-    def close(self) -> None:
-        pass
+    def lines(self, value) -> list[str]:
+        return render(value)
 
 
 def sections(inp) -> list:
