@@ -162,7 +162,7 @@ class Reconciler:
         if cfg is not None and self.cgroup_root is not None:
             for t in cfg.tenants:
                 for path in t.match.cgroups:
-                    r = cgroups_mod.ref(self.cgroup_root, path)
+                    r = cgroups_mod.ref(self.cgroup_root, path, self.roots)
                     if r is None:
                         self.log.warning("cgroup not found", tenant=t.name, cgroup=path, root=str(self.cgroup_root))
                     else:
