@@ -154,6 +154,7 @@ class FakeKernel:
     requests: list[Request] = field(default_factory=list)
     unanswered: list[str] = field(default_factory=list)
     refused: list[int] = field(default_factory=list)  # protocols whose socket was refused
+    sockets: list["FakeSocket"] = field(default_factory=list)  # every socket opened, closed or not
 
     # -- the kernel's answers ------------------------------------------------------------------------
     def answer(self, protocol: int, data: bytes) -> list[bytes]:
@@ -195,10 +196,14 @@ class FakeKernel:
             self.refused.append(protocol)
             raise KernelError("open", label, netns or "this namespace", "Protocol not supported",
                               errno.EPROTONOSUPPORT)
-        return FakeSocket(self, protocol)
+        return self._socket(protocol)
 
     def open_rtnl_writer(self, netns: str | None = None, run_root: str = "/run"):
-        return FakeSocket(self, NETLINK_ROUTE)
+        return self._socket(NETLINK_ROUTE)
+
+    def _socket(self, protocol: int) -> "FakeSocket":
+        self.sockets.append(FakeSocket(self, protocol))
+        return self.sockets[-1]
 
     def install(self, monkeypatch) -> "FakeKernel":
         from shaperd.kernel import nlexchange, nlwriter
