@@ -10,8 +10,9 @@ Two layers:
   seen by a Python audit hook, so pyroute2's sockets and ones opened in other
   threads count too), the bpf(2) syscall through ``kernel/bpf.py``'s ctypes
   handle, setns(2) through ``kernel/netns.py``, unshare(2) through
-  ``kernel/probe.py``, and starting one of the installed
-  kernel's own tools (``ip``, ``tc``, ``devlink``, ...). The call raises
+  ``kernel/probe.py``, and starting an installed tool that talks to the
+  kernel (``ip``, ``tc``, ``devlink``, ...; a test's stand-in script of the
+  same name in its tmp_path is fine). The call raises
   ``KernelTouched`` (a BaseException, so shaperd's ``except Exception`` that
   keeps one backend from stopping the others cannot swallow it), and the test
   fails at teardown with every attempt it made, even when something caught the
