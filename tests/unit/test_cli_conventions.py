@@ -70,7 +70,7 @@ def test_check_config_json_and_yaml_are_the_same_object(capsys):
 
 def test_plan_json_holds_the_planned_objects(capsys, tmp_path, monkeypatch):
     FakeKernel(**GOLDEN_NODE).install(monkeypatch)  # the golden test's node (eth0 at 100 Gbit/s), not this host's
-    monkeypatch.setattr(cli.os, "geteuid", lambda: 65534)
+    monkeypatch.setattr(os, "geteuid", lambda: 65534)
     assert cli.main(plan_argv(EXAMPLE, node_tree(tmp_path)) + ["-o", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     dev = out["desired"]["htb"]["devices"][0]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def shaperd_plan(example: Path, top: Path, mp) -> tuple[int, str, FakeKernel]:
     """Run ``shaperd plan`` on ``example``: (exit code, stdout, the fake kernel it asked). ``mp``: monkeypatch."""
     kernel = FakeKernel(**NODE).install(mp)
     pin_cgroup_ids(mp)
-    mp.setattr(cli.os, "geteuid", lambda: 65534)
+    mp.setattr(os, "geteuid", lambda: 65534)  # wherever the CLI asks
     out = io.StringIO()
     saved = structlog.get_config()  # cli.main configures logging onto this process's stderr
     try:
