@@ -293,7 +293,7 @@ def one_run(bench: Bench, i: int, cfg, cfg_file: str, batch_file: str, empty_fil
     from shaperd.backends.htb.diff import diff_device
     from shaperd.engine.reconciler import Reconciler, default_backends
     from shaperd.kernel import tc
-    from shaperd.kernel.probe import probe_capabilities
+    from shaperd.engine.probe import probe_capabilities
     from shaperd.kernel.rtnl import RtnlReader
     from shaperd.core.roots import Roots
 
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     from shaperd.core import log
     from shaperd.backends.htb.render import device_commands
     from shaperd.engine.reconciler import Reconciler, default_backends
-    from shaperd.kernel.probe import probe_capabilities
+    from shaperd.engine.probe import probe_capabilities
     from shaperd.kernel.rtnl import RtnlReader
     from shaperd.core.roots import Roots
 

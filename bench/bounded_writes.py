@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from shaperd.backends.htb.render import device_commands
     from shaperd.engine.reconciler import Reconciler, default_backends
     from shaperd.kernel import tc
-    from shaperd.kernel.probe import probe_capabilities
+    from shaperd.engine.probe import probe_capabilities
     from shaperd.kernel.rtnl import CachedReads, RtnlReader
 
     log.configure(json=True, level="warning")

@@ -130,7 +130,7 @@ class Bed:
 
 
 def caps_for(path: str):
-    from shaperd.kernel.probe import probe_capabilities
+    from shaperd.engine.probe import probe_capabilities
 
     caps = probe_capabilities()
     if path == "u32":

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from shaperd.core.config import load_text
     from shaperd.engine.reconciler import Reconciler, default_backends
     from shaperd.kernel import faults, tc
-    from shaperd.kernel.probe import probe_capabilities
+    from shaperd.engine.probe import probe_capabilities
     from shaperd.kernel.rtnl import RTM_GETTCLASS, RtnlReader
 
     log.configure(json=True, level="critical")

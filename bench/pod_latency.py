@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
     from shaperd.core import log
-    from shaperd.kernel.probe import probe_capabilities
+    from shaperd.engine.probe import probe_capabilities
 
     log.configure(json=True, level="error")  # veth-first deletes warn by design (pod without interface)
     caps = probe_capabilities()  # before any other netlink socket of ours is open

@@ -84,12 +84,12 @@ def main() -> int:
             cfg.write_text(config(a.tenants, a.devices))
             netns.run([sys.executable, "-m", "shaperd", "--log-level", "error", "apply", "--config", str(cfg)], ns,
                       timeout=120)
-            from shaperd.cli.main import _reconciler  # the plan, to label classes as the daemon does
+            from shaperd.cli.node import reconciler  # the plan, to label classes as the daemon does
             from shaperd.core.config import load_file
 
             args = argparse.Namespace(netns=ns, take_over=False, sysfs_root="/sys", procfs_root="/proc",
                                       run_root="/run", kubelet_root="/var/lib/kubelet")
-            plan = _reconciler(args, probe=False).plan(load_file(cfg))
+            plan = reconciler(args, probe=False).plan(load_file(cfg))
         reader = RtnlReader(ns)
         sampler = Sampler(lambda: read_counters(reader))  # its thread is not started: the runs below sample in turn
         sampler.set_targets(HtbBackend(None).stats(plan.desired["htb"]).targets)

@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
     from shaperd.core import log
-    from shaperd.kernel.probe import probe_capabilities
+    from shaperd.engine.probe import probe_capabilities
 
     log.configure(json=True, level="error")
     caps = probe_capabilities()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 
 from shaperd.core.buildinfo import build_info
+from shaperd.core.exitcodes import EXIT_OK
 
 SHELLS = ("bash", "zsh")
 
@@ -46,10 +47,9 @@ def completion_script(parser, shell: str) -> str:
 
 
 def cmd_completion(args) -> int:
-    from shaperd.cli.main import build_parser
-
-    print(completion_script(build_parser(), args.shell), end="")
-    return 0
+    # The root parser, put into every parse by cli/main.build_parser (importing it here would be a cycle).
+    print(completion_script(args.root_parser, args.shell), end="")
+    return EXIT_OK
 
 
 def register(sub) -> None:

@@ -10,23 +10,21 @@ or the signal failed, 2 bad input or output OpenSM would not take.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from shaperd.cli.node import DEFAULT_CONFIG
 from shaperd.rdma import opensm
+from shaperd.rdma.opensm import max_vls_arg  # noqa: F401 - the --max-vls type, shared with rdma status
 from shaperd.rdma import opensm_file
 from shaperd.rdma.plan import plan
 from shaperd.core.config import load_file
 from shaperd.core.inventory import Inventory
+from shaperd.core.exitcodes import EXIT_BAD_INPUT, EXIT_OK, err
 from shaperd.core.tenancy import tenancy
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def register(sub, node_opts) -> None:
-    from shaperd.cli.main import DEFAULT_CONFIG
-
     p = sub.add_parser(
         "opensm-config",
         help="render OpenSM's QoS options (SL2VL, VL arbitration) for the tenants; --write updates opensm's file",
@@ -44,20 +42,6 @@ def register(sub, node_opts) -> None:
     p.set_defaults(fn=run)
 
 
-def max_vls_arg(text: str) -> tuple[str, int]:
-    kind, sep, num = text.rpartition("=")
-    kind = kind if sep else "default"
-    if kind != "default" and kind not in opensm.PORT_TYPES:
-        raise argparse.ArgumentTypeError(f"unknown port type {kind!r} in {text!r}; expected N or TYPE=N with TYPE "
-                                         f"one of {', '.join(opensm.PORT_TYPES)}")
-    if not num.isdigit() or not 1 <= int(num) <= opensm.MAX_DATA_VLS:
-        raise argparse.ArgumentTypeError(f"expected 1-{opensm.MAX_DATA_VLS} data VLs (VL0-VL14; VL15 is the "
-                                         f"management VL), got {num!r}")
-    return kind, int(num)
-
-
-def _err(msg: str) -> None:
-    print(f"shaperd: {msg}", file=sys.stderr)
 
 
 def rendered(args) -> opensm.OpenSmConfig:
@@ -70,10 +54,10 @@ def run(args) -> int:
     try:
         out = rendered(args)
     except opensm.OpenSmConfigError as e:
-        _err(str(e))
+        err(str(e))
         return EXIT_BAD_INPUT
     for w in out.warnings:
-        _err(f"warning: {w}")
+        err(f"warning: {w}")
     if not args.write:
         sys.stdout.write(out.text())
         return EXIT_OK
@@ -88,7 +72,7 @@ def write(args, out: opensm.OpenSmConfig) -> int:
     try:
         merged = opensm_file.merge(old or "", out.text(), name=str(path))
     except opensm_file.OptionsFileError as e:
-        _err(str(e))
+        err(str(e))
         return EXIT_BAD_INPUT
     if old is not None and merged.text == old:
         print(f"{path}: the QoS options are already as rendered; not written, opensm not signalled")
@@ -108,7 +92,7 @@ def write(args, out: opensm.OpenSmConfig) -> int:
     if args.opensm_pid_file:
         targets = [host.from_pid_file(Path(args.opensm_pid_file))]
         if targets[0].config != str(real):
-            _err(f"warning: opensm pid {targets[0].pid} (from {args.opensm_pid_file}) reads {targets[0].config}, "
+            err(f"warning: opensm pid {targets[0].pid} (from {args.opensm_pid_file}) reads {targets[0].config}, "
                  f"not {real}")
     else:
         running = host.running_opensm()

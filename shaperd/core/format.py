@@ -83,3 +83,10 @@ def use_color(stream=None, environ=None) -> bool:
 def paint(text: str, sgr: str, enabled: bool) -> str:
     """``text`` in the SGR colour ``sgr`` (e.g. "32" green) when ``enabled``; unchanged otherwise."""
     return f"\x1b[{sgr}m{text}\x1b[0m" if enabled and text else text
+
+
+def table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """Left-aligned columns, two spaces apart, as lines (trailing blanks removed)."""
+    lines = [head, *rows]
+    widths = [max(len(l[i]) for l in lines) for i in range(len(head))]
+    return ["  ".join(c.ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines]

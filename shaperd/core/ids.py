@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import hashlib
 
-from shaperd.backends.common.objects import HANDLE_MAJOR, TENANT_MINOR_FIRST, TENANT_MINOR_LAST
+# Root qdisc handle major: "sh" in ASCII. Fixed, so ownership is recognisable
+# from a dump alone and a restarted agent adopts its own tree.
+HANDLE_MAJOR = 0x7368
+# Tenant minors are derived from the tenant name inside this range.
+TENANT_MINOR_FIRST = 0x10
+TENANT_MINOR_LAST = 0xFFF0
 
 
 def assign_minors(names: list[str] | tuple[str, ...], taken_minors: frozenset[int] = frozenset()) -> dict[str, int]:

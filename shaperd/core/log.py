@@ -1,4 +1,9 @@
-"""Logging set-up: structlog, JSON lines in a container, key=value on a terminal (coloured unless NO_COLOR)."""
+"""Logging set-up: structlog, JSON lines in a container, key=value on a terminal (coloured unless NO_COLOR).
+
+Who logs is the command line's choice (shaperd/cli/main.py): the daemons do,
+a one-shot command only when asked (``enabled=False`` otherwise: no line at
+all, whatever the level).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,9 @@ import sys
 import structlog
 
 
-def configure(json: bool | None = None, level: str = "info") -> None:
-    """``json=None`` picks JSON when stderr is not a terminal (DaemonSet, journald)."""
+def configure(json: bool | None = None, level: str = "info", enabled: bool = True) -> None:
+    """``json=None`` picks JSON when stderr is not a terminal (DaemonSet, journald); ``enabled=False``
+    drops every log event, critical ones included."""
     if json is None:
         json = not sys.stderr.isatty()
     # Colour on a terminal only, and never with NO_COLOR set (https://no-color.org).
@@ -22,11 +28,16 @@ def configure(json: bool | None = None, level: str = "info") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        ] if enabled else [_drop],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelName(level.upper()) if enabled else logging.CRITICAL),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+def _drop(logger, method, event):
+    raise structlog.DropEvent
 
 
 def get(name: str = "shaperd"):

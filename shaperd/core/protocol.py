@@ -11,7 +11,26 @@ backend with six steps:
 - ``apply(target_diff, batch)``: side effects only: execute the operations;
 - ``stats(desired)``: what it contributes to status and metrics.
 
-``teardown(observed)`` is the diff against "nothing desired" (pure).
+``teardown(observed)`` (pure) says what "nothing desired" is for the
+backend: one TargetDiff per target it found, with the removals (none where
+nothing of its is there), and ``error`` set where the target could not be
+read (with whatever removals it could still plan there). It filters
+nothing: the engine (shaperd/engine/teardown.py) keeps the targets with
+removals, an error, ``blocked`` or a ``note``, applies the removals, and
+fails the teardown on every target that could not be read, naming it and
+what of the backend's may remain there (the optional ``teardown_remains``
+text, e.g. "its root qdisc 7368: with its classes, leaves and filters").
+
+A backend that attaches filters to the clsact qdisc (shared with other
+agents) implements ``owns_clsact_filter(row) -> bool``: whether one filter
+row (``parent`` = the ingress or egress hook, ``kind``, ``prio``,
+``handle``, ``name``) is its own. The engine reads every clsact before the
+teardown and removes one whose filters were all shaperd's, through the
+``apply`` of a backend that owned one there (backends/common/clsact.py).
+
+Optionally ``wanted(ctx) -> bool``: whether this tenants file, on this node,
+asks for what the backend enforces; a disabled backend's probe notes become
+plan warnings only then (without it: always), so one nothing needs is silent.
 Optionally ``render(desired) -> str``: the desired state as the equivalent
 command lines of the operators' own tools (``ip link``, ``devlink``,
 ``dcb``), printed by ``shaperd plan`` after the tc commands.
@@ -25,7 +44,7 @@ caller parses text back out of a message. Pure: no I/O here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 from shaperd.core.config import Config
 from shaperd.core.errors import ConfigProblem, KernelError
@@ -75,6 +94,9 @@ class TargetDiff:
     blocked: str | None = None
     # Set when the target could not be read, so nothing was diffed: the error.
     error: str | None = None
+    # Set when something is deliberately left in place that may not be shaperd's (a shared clsact that holds
+    # another agent's filters): said once, never a failure.
+    note: str | None = None
 
 
 def planned_diffs(devices, observed, diff_one) -> list[TargetDiff]:
@@ -166,4 +188,76 @@ class Backend(Protocol):
 
     def stats(self, desired: Desired) -> BackendStats: ...
 
-    def teardown(self, observed: Any) -> list[TargetDiff]: ...
+    def teardown(self, observed: Any) -> list[TargetDiff]:
+        """Every target found, against "nothing desired": removals, or ``error`` where unreadable (pure)."""
+        ...
+
+
+# ---------------------------------------------------------------- the registry's entries
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What a backend's factory builds from: one node (one network namespace) and its writers.
+
+    ``writer``: kernel/tc.TcWriter (tc and rtnetlink writes) or None where nothing is written (status);
+    ``classifier_pins``: the map classifier's bpffs PinStore, or None (its maps found by id);
+    ``capabilities``: the probe's answer (a backend may derive its own pin store from it)."""
+
+    writer: Any = None
+    roots: Any = None  # shaperd.core.roots.Roots
+    netns: str | None = None
+    take_over: bool = False
+    classifier_pins: Any = None
+    capabilities: Capabilities | None = None
+
+
+@dataclass(frozen=True)
+class StatusInput:
+    """What a backend's ``shaperd status`` section reads from (the command's arguments, resolved).
+
+    ``config``: the tenants file, or None when it is not readable; ``diff_one(backend, config)``: the
+    engine's plan-and-diff of that one backend without writing (sections never import the engine)."""
+
+    config: Config | None
+    config_path: str | None
+    roots: Any
+    netns: str | None = None
+    bpffs_root: str = ""
+    run_root: str = "/run"
+    diff_one: Callable | None = None
+    # backend name -> {device: {"reason": ...}}: what the applying process found this kernel refuses
+    # (engine/refusals_file.py), read for the sections by the status frame.
+    refused: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Everything the engine, the kernel writer, status, top, metrics and the command line need to know
+    about one backend. A backend package exports one, ``SPEC`` in its ``spec.py``; shaperd/engine/registry.py
+    lists them, and nothing else names a backend.
+
+    - ``factory(NodeContext) -> Backend``; ``order``: the reconcile order (lower first);
+    - ``codec``: its tc encoders (kernel/tc.Codec) for the node's writer, or None;
+    - ``program_checks``: kernel/probe.ProgramChecks fields it supplies (its eBPF programs to try);
+    - ``commands(rdma_subparsers, node_opts)``: its ``shaperd rdma ...`` subcommands, or None;
+    - ``metrics(metrics, backend, job)``: add its Prometheus collector for a running ``backend`` (``job()``
+      returns its background job or None);
+    - ``job(netns, capabilities) -> Job``: a background loop the daemon runs (``update(desired)``: the
+      desired state after each reconcile, ``stop()``), or None;
+    - ``status(StatusInput) -> [section]``: its ``shaperd status`` sections (each ``order``, ``sample(reader)``,
+      ``doc(window) -> dict``, ``render(window_doc) -> str``, ``errors() -> list[str]``, ``close()``);
+    - ``top(StatusInput) -> plane``: its ``shaperd top`` plane (``name``, ``sample(reader) -> (stats, targets)``,
+      ``backlog(key) -> (text, bytes, ns)``, ``errors() -> dict``, ``close()``), or None.
+    """
+
+    name: str
+    factory: Callable[[NodeContext], Any]
+    order: int = 50
+    codec: Any = None
+    program_checks: dict = field(default_factory=dict)
+    commands: Callable | None = None
+    metrics: Callable | None = None
+    job: Callable | None = None
+    status: Callable | None = None
+    top: Callable | None = None

@@ -136,3 +136,12 @@ def xmit_ticks(size_bytes: int, rate_bps: int) -> int:
 def ticks_to_bytes(ticks: int, rate_bps: int) -> int:
     """Inverse of :func:`xmit_ticks`: the burst in bytes a buffer of ``ticks`` allows."""
     return ticks * PSCHED_TICK_NS * rate_bps // (8 * NS_PER_S)
+
+
+def format_backlog_ns(ns: int) -> str:
+    """A backlog in time (edt: the departure clock ahead of now), as status and top print it."""
+    if ns <= 0:
+        return "0"
+    if ns < 1_000_000:
+        return f"{ns / 1000:.0f}us"
+    return f"{ns / 1_000_000:.1f}ms"

@@ -17,10 +17,33 @@ SM's SL2VL/VLArb tables on the node's InfiniBand ports every 60 s
 With Kubernetes, the kubelet's pod-resources socket is looked at on the
 same file-poll tick: a socket that appears or is replaced (kubelet restart)
 reconnects the client and triggers a reconcile (discovery/podresources/).
+
+What the node is told (systemd, report/sdnotify.py; the same words on
+/healthz and /readyz): READY=1 once the first reconcile *ran*, i.e.
+``rec.apply`` returned a report: it applied, found the node in sync, or did
+what it could (a failing or degraded node is ready and says which in
+STATUS=). Until then STATUS= says what that first reconcile waits for: a
+valid tenants file, the first pod list, the Cilium or Volcano lists, reading
+the node, or the error of the last attempt. A node that never gets that far
+never becomes ready: systemd fails the start after TimeoutStartSec (90 s in
+systemd/shaperd.service) and restarts it, so an agent that cannot even read
+the node is not reported as started. After READY=1, STATUS= follows every
+change: "N tenants, M reconciles, in sync", "failing", or "degraded: ..."
+(report/degraded.py): a plan problem or a target left alone (a root qdisc
+that is not shaperd's), with the count and the first reason; the
+``shaperd_degraded_targets`` gauge carries the count. Degraded is not a
+failure: it is not retried sooner, and the watchdog stays fed (a restart
+does not remove a foreign qdisc). Only a loop that stops (hangs) or whose
+reconciles fail WATCHDOG_MAX_FAILURES times in a row stops feeding it.
+
+Start-up registers each component's stop on one ExitStack (``run``), so
+shutdown is the reverse of start-up and one stop that raises does not keep
+the others from stopping.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -30,6 +53,7 @@ from shaperd.core import log
 from shaperd.core.config import Config, load_text
 from shaperd.core.errors import ConfigError, KernelError, ShaperdError
 from shaperd.engine.config_watch import ConfigWatch
+from shaperd.report.degraded import of_report as degraded_of
 
 FILE_POLL_S = 1.0
 # Coalesce a burst of link/tc events (including the echo of our own writes) into one reconcile.
@@ -73,6 +97,12 @@ class Daemon:
         self.reload_requested = False
         self.failures = 0
         self.reconciles = 0
+        # READY=1 waits for the first reconcile that ran (rec.apply returned); until then STATUS= says
+        # what it waits for (``waiting_for``).
+        self.reconciled_once = False
+        self.waiting_for = "reading the node"
+        self.degraded = None  # report.degraded.Degraded of the last reconcile that ran
+        self._stop_failed: list[str] = []  # components whose stop raised at shutdown
         self.metrics_address = metrics_address or None
         self.web_config_file = web_config_file or None  # report/webconfig.py: TLS and basic auth on /metrics
         self.netns = netns
@@ -80,7 +110,7 @@ class Daemon:
         self.sampler = None
         self.rdma_sampler = None  # report.rdma_sampler.RdmaSampler when serving metrics
         self.sm_checker = None  # report.rdma_smcheck.SmChecker when serving metrics
-        self.edt_loop = None  # engine.edt_loop.EdtLoop, started once an uplink is on the edt data plane
+        self.jobs: dict = {}  # backend name -> its spec's job (edt's rate controller), started on first use
         self.sm_check_settings = sm_check_settings  # report.rdma_smcheck.SmCheckSettings; None: defaults
         # Drift: a reconcile that changed the kernel although the config it
         # enforces was already applied successfully once.
@@ -93,6 +123,7 @@ class Daemon:
         # discovery.podresources.source.PodResourcesSource, shared with the reconciler; None when off.
         self.pod_resources = pod_resources
         self._wake_fd: int | None = None
+        self._wake_rfd: int | None = None
         self.events = None  # kernel.events.KernelEvents while running
         from shaperd.report.sdnotify import Notifier
 
@@ -141,114 +172,166 @@ class Daemon:
                       changed=changed)
         return True
 
-    # -- main loop -----------------------------------------------------
+    # -- start-up, loop, shutdown ---------------------------------------
     def run(self) -> int:
+        """Start every component, loop until SIGTERM/SIGINT, stop them all; 1 if one failed to stop.
+
+        Each component's stop is registered on one ExitStack as it starts, so
+        shutdown runs in the reverse order of start-up, stops only what did
+        start (a start-up that fails half way, e.g. a metrics port in use,
+        still stops the watchers it had started) and goes on past a stop that
+        raises (logged with the component's name).
+        """
+        self._stop_failed = []
+        with contextlib.ExitStack() as stack:
+            rec = self._start(stack)
+            self._loop(rec)
+        self.log.info("stopped; enforcement left in place", reconciles=self.reconciles,
+                      **({"stop_failed": self._stop_failed} if self._stop_failed else {}))
+        return 1 if self._stop_failed else 0
+
+    def _on_exit(self, stack: contextlib.ExitStack, what: str, stop) -> None:
+        """Call ``stop()`` at shutdown; if it raises, say so and go on with the rest."""
+
+        def guarded() -> None:
+            try:
+                stop()
+            except Exception as e:  # noqa: BLE001 - one component's stop never keeps the others running
+                self._stop_failed.append(what)
+                self.log.error("stop failed; stopping the rest", component=what, error=repr(e))
+
+        stack.callback(guarded)
+
+    def _started(self, attr: str, method: str = "stop"):
+        """A stop for a component started later, by the loop (Volcano view, edt loop): a no-op if it never was."""
+
+        def stop() -> None:
+            c = getattr(self, attr)
+            if c is not None:
+                getattr(c, method)()
+
+        return stop
+
+    def _start(self, stack: contextlib.ExitStack):
+        """Signals, the wake-up pipe, the kernel event socket, the watchers, the reconciler, the metrics
+        endpoint and its threads, the first load of the tenants file. Returns the reconciler."""
         from shaperd.kernel.events import KernelEvents
 
-        signal.signal(signal.SIGTERM, self._on_term)
-        signal.signal(signal.SIGINT, self._on_term)
-        signal.signal(signal.SIGHUP, self._on_hup)
+        self._on_exit(stack, "sd_notify socket", self.notify.close)
+        for sig, handler in ((signal.SIGTERM, self._on_term), (signal.SIGINT, self._on_term),
+                             (signal.SIGHUP, self._on_hup)):
+            previous = signal.signal(sig, handler)  # None: not set from Python; given back as the default
+            self._on_exit(stack, f"signal handler {sig.name}",
+                          lambda s=sig, h=previous: signal.signal(s, signal.SIG_DFL if h is None else h))
         rpipe, wpipe = os.pipe()
+
+        def close_pipe() -> None:
+            self._wake_fd = None  # a watcher thread that would not stop must not write to a reused fd number
+            os.close(wpipe)
+            os.close(rpipe)
+
+        self._on_exit(stack, "wake-up pipe", close_pipe)
         os.set_blocking(wpipe, False)
-        signal.set_wakeup_fd(wpipe)
+        previous_fd = signal.set_wakeup_fd(wpipe)
+        self._on_exit(stack, "signal wake-up fd", lambda: signal.set_wakeup_fd(previous_fd))
+        self._wake_rfd, self._wake_fd = rpipe, wpipe
         self.events = KernelEvents(self.netns)
-        self._wake_fd = wpipe
-        if self.pod_watcher_factory is not None:
-            self.pods = self.pod_watcher_factory(self._on_pods_changed)
-            self.pods.start()
-            self.log.info("watching pods", node=self.pods.node_name if hasattr(self.pods, "node_name") else None)
-        if self.config_source is not None:
-            self.config_source.start(self._on_config_changed)
-        if self.cilium_factory is not None:
-            self.cilium = self.cilium_factory(self._on_pods_changed)  # a policy change wakes us like a pod event
-            self.cilium.start()
-            self._cilium_since = time.monotonic()
+        self._on_exit(stack, "kernel event socket", lambda: self.events.close())  # _drain may have reopened it
+        self._start_sources(stack)
         rec = self.make_reconciler(self._pods_snapshot if self.pods is not None else None)
-        server = self._start_observability(rec)
+        self._start_observability(rec, stack)
+        self._on_exit(stack, "backend jobs", self._stop_jobs)
+        self._on_exit(stack, "STOPPING=1", self.notify.stopping)  # the last registered: the first said
         self.log.info("started", config=self.path, resync_interval_s=self.resync_s,
                       capabilities=list(rec.capabilities.notes))
         if self.config_source is None:
             self.load("start", force=True)  # a ConfigMap loads when its first list arrives (config_changed)
+        self.notify.status(self._status())  # what the first reconcile waits for
+        return rec
+
+    def _start_sources(self, stack: contextlib.ExitStack) -> None:
+        """What the reconcile reads besides the kernel: pods, the ConfigMap, Cilium policies, Volcano, the kubelet."""
+        if self.pod_watcher_factory is not None:
+            self.pods = self.pod_watcher_factory(self._on_pods_changed)
+            self.pods.start()
+            self._on_exit(stack, "pod watcher", self.pods.stop)
+            self.log.info("watching pods", node=self.pods.node_name if hasattr(self.pods, "node_name") else None)
+        if self.config_source is not None:
+            self.config_source.start(self._on_config_changed)
+            self._on_exit(stack, "ConfigMap watcher", self.config_source.stop)
+        if self.cilium_factory is not None:
+            self.cilium = self.cilium_factory(self._on_pods_changed)  # a policy change wakes us like a pod event
+            self.cilium.start()
+            self._on_exit(stack, "CiliumNetworkPolicy view", self.cilium.stop)
+            self._cilium_since = time.monotonic()
+        self._on_exit(stack, "Volcano view", self._started("volcano"))  # started by the first reconcile using it
+        if self.pod_resources is not None:
+            self._on_exit(stack, "pod-resources client", self.pod_resources.close)
+
+    def _loop(self, rec) -> None:
+        """Wait for a trigger (kernel event, pod or ConfigMap change, SIGHUP, file poll, resync), reconcile."""
+        rpipe = self._wake_rfd
         due = time.monotonic()  # reconcile now
         next_resync = due + self.resync_s
         next_poll = time.monotonic() + FILE_POLL_S
-        try:
-            while not self.stop:
-                if self.metrics:
-                    self.metrics.tick()
-                    if self.pods is not None:
-                        self.metrics.kubernetes(self.pods.synced, self.pods.last_error)
-                now = time.monotonic()
-                timeout = max(0.0, min(due if due is not None else next_resync, next_resync, next_poll) - now)
-                ready, _, _ = select.select([self.events, rpipe], [], [], timeout)
-                if rpipe in ready:
-                    os.read(rpipe, 4096)
-                now = time.monotonic()
-                if self.events in ready and self._drain().any:
-                    soon = now + EVENT_DEBOUNCE_S
-                    due = soon if due is None else min(due, soon)
-                if self.pods_changed:
-                    self.pods_changed = False
-                    soon = now + POD_DEBOUNCE_S
-                    due = soon if due is None else min(due, soon)
-                if self.reload_requested:
-                    self.reload_requested = False
-                    self.notify.reloading()
-                    if self.load("SIGHUP", force=True):
-                        due = now
-                    self.notify.reloaded(self._status())
-                if self.config_changed:
-                    self.config_changed = False
-                    if self.load("configmap changed"):
-                        due = now
-                if now >= next_poll:
-                    if self.config_source is None and self.watch.due(now) and self.load("file changed"):
-                        due = now
-                    if self.pod_resources is not None and self.pod_resources.poll():
-                        due = now
-                    next_poll = now + self.watch.poll_interval_s(FILE_POLL_S)
-                if now >= next_resync:
+        while not self.stop:
+            if self.metrics:
+                self.metrics.tick()
+                if self.pods is not None:
+                    self.metrics.kubernetes(self.pods.synced, self.pods.last_error)
+            now = time.monotonic()
+            timeout = max(0.0, min(due if due is not None else next_resync, next_resync, next_poll) - now)
+            ready, _, _ = select.select([self.events, rpipe], [], [], timeout)
+            if rpipe in ready:
+                os.read(rpipe, 4096)
+            now = time.monotonic()
+            if self.events in ready and self._drain().any:
+                soon = now + EVENT_DEBOUNCE_S
+                due = soon if due is None else min(due, soon)
+            if self.pods_changed:
+                self.pods_changed = False
+                soon = now + POD_DEBOUNCE_S
+                due = soon if due is None else min(due, soon)
+            if self.reload_requested:
+                self.reload_requested = False
+                self.notify.reloading()
+                if self.load("SIGHUP", force=True):
                     due = now
-                if due is not None and now >= due and not self.stop:
-                    due = self.reconcile(rec)
-                    self._drain()  # the echo of our own writes is not news
-                    next_resync = time.monotonic() + self.resync_s
-                self.notify.loop_pass(healthy=self.failures < WATCHDOG_MAX_FAILURES, status=self._status())
-        finally:
-            self.notify.stopping()
-            if self.pods is not None:
-                self.pods.stop()
-            if self.config_source is not None:
-                self.config_source.stop()
-            if self.volcano is not None:
-                self.volcano.stop()
-            if self.cilium is not None:
-                self.cilium.stop()
-            if self.pod_resources is not None:
-                self.pod_resources.close()
-            if server is not None:
-                server.stop()
-            if self.sampler is not None:
-                self.sampler.stop()
-            if self.rdma_sampler is not None:
-                self.rdma_sampler.stop()
-            if self.sm_checker is not None:
-                self.sm_checker.stop()
-            if self.edt_loop is not None:
-                self.edt_loop.stop()
-            signal.set_wakeup_fd(-1)
-            self.events.close()
-            os.close(rpipe)
-            os.close(wpipe)
-            self.notify.close()
-        self.log.info("stopped; enforcement left in place", reconciles=self.reconciles)
-        return 0
+                self.notify.reloaded(self._status())
+            if self.config_changed:
+                self.config_changed = False
+                if self.load("configmap changed"):
+                    due = now
+            if now >= next_poll:
+                if self.config_source is None and self.watch.due(now) and self.load("file changed"):
+                    due = now
+                if self.pod_resources is not None and self.pod_resources.poll():
+                    due = now
+                next_poll = now + self.watch.poll_interval_s(FILE_POLL_S)
+            if now >= next_resync:
+                due = now
+            if due is not None and now >= due and not self.stop:
+                due = self.reconcile(rec)
+                self._drain()  # the echo of our own writes is not news
+                next_resync = time.monotonic() + self.resync_s
+            self.notify.loop_pass(healthy=self.healthy, status=self._status(), ready=self.reconciled_once)
+
+    @property
+    def healthy(self) -> bool:
+        """The watchdog's verdict: fewer than WATCHDOG_MAX_FAILURES reconciles failed in a row. Degraded
+        (a plan problem, a target left alone) is not a failure: it keeps the watchdog fed."""
+        return self.failures < WATCHDOG_MAX_FAILURES
 
     def _status(self) -> str:
-        """One line for systemd's STATUS= (systemctl status)."""
-        if self.config is None:
-            return "no valid tenants file yet; nothing enforced"
+        """One line for systemd's STATUS= (systemctl status): what the first reconcile waits for, then how it went."""
+        if not self.reconciled_once:
+            if self.config is None:
+                src = self.config_source.describe if self.config_source is not None else self.path
+                return f"waiting for the first reconcile: no valid tenants file yet ({src}); nothing enforced"
+            return f"waiting for the first reconcile: {self.waiting_for}"
         state = "failing" if self.failures else "in sync"
+        if self.degraded:
+            state = f"{state}; {self.degraded.line()}" if self.failures else self.degraded.line()
         return f"{len(self.config.tenants)} tenants, {self.reconciles} reconciles, {state}"
 
     def _drain(self):
@@ -299,11 +382,14 @@ class Daemon:
                 # Until the first pod list, an empty snapshot means "unknown", not "no pods":
                 # leave the kernel as it is (a restarted agent keeps the previous enforcement).
                 self.log.info("waiting for the first pod list before reconciling", error=self.pods.last_error)
+                self._waiting("the first pod list from the API server"
+                              + (f" ({self.pods.last_error})" if self.pods.last_error else ""))
                 return time.monotonic() + 1.0
         cfg = self.config
         if self.cilium is not None:
             if not self.cilium.has_synced and time.monotonic() - self._cilium_since < VOLCANO_SYNC_WAIT_S:
                 self.log.info("waiting for the first CiliumNetworkPolicy lists before reconciling")
+                self._waiting("the first CiliumNetworkPolicy lists")
                 return time.monotonic() + 1.0
             cfg = self.cilium.effective(cfg)  # bounded wait: unlisted policies add nothing
         if self.volcano_factory is not None:
@@ -319,6 +405,7 @@ class Daemon:
                     # a Volcano watch that cannot list (RBAC, API down) never costs the others enforcement.
                     if time.monotonic() - self._volcano_since < VOLCANO_SYNC_WAIT_S:
                         self.log.info("waiting for the first Volcano PodGroup and Queue lists before reconciling")
+                        self._waiting("the first Volcano PodGroup and Queue lists")
                         return time.monotonic() + 1.0
                     if not self._volcano_unsynced_said:
                         self._volcano_unsynced_said = True
@@ -331,23 +418,29 @@ class Daemon:
         self.reconciles += 1
         gen = self.config_gen
         start = time.perf_counter()
+        self._waiting("reading the node")
         try:
             rep = rec.apply(cfg)
         except ShaperdError as e:
             self.failures += 1
             delay = RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
             self.log.error("reconcile failed", error=str(e), retry_in_s=delay)
+            self._waiting(f"the last attempt failed, retrying in {delay:g} s: {e}")
             if self.metrics:
                 from shaperd.report.metrics import exception_kind
 
                 self.metrics.reconciled(time.perf_counter() - start, {exception_kind(e)}, ok=False, drift=False)
             return time.monotonic() + delay
+        # Failed: a write refused or a target unreadable (retried with backoff, counted against the watchdog).
+        # Degraded: a plan problem or a target left alone; reported, never retried sooner (nothing would change).
         failed = any(d.failed or d.error for d in rep.devices)
+        self.reconciled_once = True
+        self.degraded = degraded_of(rep)
         drift = rep.changes > 0 and self.applied_gen == gen
         self.log.info("reconciled", changes=rep.changes, devices=len(rep.planned_devices),
                       duration_ms=round(rep.duration_s * 1000, 1), ok=rep.ok, drift_repair=drift)
         self._observe(rep, ok=not failed, drift=drift)
-        self._edt_rates(rep, getattr(rec, "capabilities", None))
+        self._run_jobs(rep, getattr(rec, "capabilities", None))
         if failed:
             self.failures += 1
             if not _worth_retrying(rep):  # EPERM, EINVAL: asking again soon changes nothing; the resync will
@@ -358,24 +451,38 @@ class Daemon:
         self.applied_gen = gen
         return None
 
-    def _edt_rates(self, rep, caps=None) -> None:
-        """Hand the edt plan to the rate controller loop (engine/edt_loop.py), starting it on first use."""
-        plan = getattr(rep, "plan", None)
-        edt = getattr(plan, "desired", {}).get("edt")
-        devices = getattr(edt, "devices", ())
-        if self.edt_loop is None and devices:
-            from shaperd.backends.edt.loop import EdtLoop
+    def _waiting(self, what: str) -> None:
+        """Before the first reconcile ran: what it waits for, in STATUS= at once (the loop may be busy a while)."""
+        if not self.reconciled_once:
+            self.waiting_for = what
+            self.notify.status(self._status())
 
-            self.edt_loop = EdtLoop(_edt_maps_opener(self.netns, _stamper_pins(caps, self.netns)))
-            self.edt_loop.start()
-        if self.edt_loop is not None:
-            self.edt_loop.set_targets(devices)
+    def _stop_jobs(self) -> None:
+        """Each backend's job (edt's rate controller), each stopped even when another's stop fails."""
+        with contextlib.ExitStack() as stack:
+            for name, job in self.jobs.items():
+                self._on_exit(stack, f"{name} job", job.stop)
+
+    def _run_jobs(self, rep, caps=None) -> None:
+        """Hand each backend's desired state to its background job (its spec's ``job``: edt's rate
+        controller loop), started on first use."""
+        from shaperd.engine.registry import REGISTRY
+
+        desired = getattr(getattr(rep, "plan", None), "desired", {})
+        for spec in REGISTRY.specs:
+            if spec.job is None or spec.name not in desired:
+                continue
+            job = self.jobs.get(spec.name)
+            if job is None:
+                job = self.jobs[spec.name] = spec.job(self.netns, caps)
+            job.update(desired[spec.name])
 
     # -- observability -------------------------------------------------
-    def _start_observability(self, rec):
-        """Sampler threads (tc classes, RDMA ports) and HTTP endpoint, if a metrics address is set; None otherwise."""
+    def _start_observability(self, rec, stack: contextlib.ExitStack) -> None:
+        """Sampler threads (tc classes, RDMA ports), the SM check and the HTTP endpoint, if a metrics address is
+        set; each one's stop on ``stack``."""
         if not self.metrics_address:
-            return None
+            return
         from shaperd.report.http import MetricsServer
         from shaperd.report.metrics import Metrics
         from shaperd.report.sampler import Sampler
@@ -390,35 +497,17 @@ class Daemon:
         settings = self.sm_check_settings or SmCheckSettings()
         self.sm_checker = SmChecker(kernel_reader(settings), settings)
         rdma_metrics.install(self.metrics, self.rdma_sampler, self.sm_checker)
-        from shaperd.backends.devlink import metrics as devlink_metrics  # only where the devlink backend runs (the kernel has the family)
-
-        for b in rec.enabled:
-            if b.name == "devlink":
-                devlink_metrics.install(self.metrics, b)
-        from shaperd.backends.vfrate import metrics as vfrate_metrics
-
-        vfrate_metrics.install(self.metrics, rec.backends)
-        from shaperd.backends.dcb import metrics as dcb_metrics
-
-        dcb_metrics.install(self.metrics, rec.backends)
-        from shaperd.backends.htb import metrics as classifier_metrics
-
-        classifier_metrics.install(self.metrics, rec.backends)
-
-        from shaperd.backends.edt import metrics as edt_metrics
-
-        edt_metrics.install(self.metrics, lambda: self.edt_loop, rec.backends)
+        install_backend_metrics(self.metrics, rec.enabled, self.jobs)
         try:
             server = MetricsServer(self.metrics_address, self.metrics, self.web_config_file)
         except (OSError, ValueError) as e:
             raise ShaperdError(f"listen on metrics address {self.metrics_address}: {getattr(e, 'strerror', None) or e}") from e
-        self.sampler.start()
-        self.rdma_sampler.start()
-        self.sm_checker.start()
-        server.start()
+        for what, c in (("class-stats sampler", self.sampler), ("RDMA sampler", self.rdma_sampler),
+                        ("SM-table check", self.sm_checker), ("metrics endpoint", server)):
+            c.start()
+            self._on_exit(stack, what, c.stop)
         self.log.info("serving metrics", address=self.metrics_address, paths=["/metrics", "/healthz", "/readyz"],
                       scheme=server.scheme, web_config=self.web_config_file)
-        return server
 
     def _observe(self, rep, ok: bool, drift: bool) -> None:
         if not self.metrics:
@@ -426,7 +515,8 @@ class Daemon:
         from shaperd.report.metrics import report_error_kinds
 
         eps = rep.endpoints if self.config else None
-        self.metrics.reconciled(rep.duration_s, report_error_kinds(rep), ok=ok, drift=drift, endpoints=eps)
+        self.metrics.reconciled(rep.duration_s, report_error_kinds(rep), ok=ok, drift=drift, endpoints=eps,
+                                degraded=self.degraded)
         if self.pods is not None and self.config is not None:
             pods = {t.name: 0 for t in self.config.tenants}
             for tenant in rep.plan.pod_tenants.values():
@@ -470,31 +560,22 @@ def rdma_targets(cfg, rep) -> dict:
     return targets_of(inv.rdma, owners)
 
 
+def install_backend_metrics(metrics, running, jobs: dict) -> None:
+    """Each running backend's own collector (its spec's ``metrics``): nothing here names a backend.
+    ``jobs``: backend name -> its background job, looked up when scraped (started after the first reconcile)."""
+    from shaperd.engine.registry import REGISTRY
+
+    by_name = {b.name: b for b in running}
+    for spec in REGISTRY.specs:
+        if spec.metrics is not None and spec.name in by_name:
+            spec.metrics(metrics, by_name[spec.name], lambda name=spec.name: jobs.get(name))
+
+
 def _rdma_reader(roots):
     """A read function for the RDMA sampler thread: the ports' counters from sysfs."""
     from shaperd.discovery.rdma_counters import read_ports
 
     return lambda ports: read_ports(roots, ports)
-
-
-def _stamper_pins(caps, netns: str | None):
-    """The stampers' bpffs PinStore (the same one the edt backend pins into), or None: by id."""
-    from shaperd.engine.reconciler import _stamper_pins as pins_of
-
-    return pins_of(caps, netns) if caps is not None else None
-
-
-def _edt_maps_opener(netns: str | None, pins=None):
-    """open_maps for the edt loop: the stamper's maps found from its filter, read on a socket of the loop's own;
-    through the bpffs ``pins`` (the "edt-stamper" PinStore) when given, else by id."""
-    from shaperd.backends.edt import kernel_stamper as edt_prog
-    from shaperd.kernel.rtnl import RtnlReader
-
-    def open_maps(dp):
-        with RtnlReader(netns) as reader:
-            return edt_prog.open_for_device(reader, dp.ifindex, dp.device, dp.stamper.name, pins)
-
-    return open_maps
 
 
 def _stats_reader(netns: str | None):

@@ -1,1 +1,1 @@
-"""The engine: one reconcile over every backend (reconciler.py), and the loop that triggers it (daemon.py)."""
+"""The engine: the backend registry, one reconcile over every backend (reconciler.py), fallbacks, probes, config watch."""

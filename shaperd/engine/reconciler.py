@@ -1,6 +1,6 @@
 """One reconcile over every backend: discover -> tenancy -> (plan -> observe -> diff -> apply) per backend.
 
-Generic: it knows the backend protocol (backends/base.py), not what any
+Generic: it knows the backend protocol (core/protocol.py), not what any
 backend writes. Each backend, and each target within it, is handled on its
 own: a foreign qdisc, a missing capacity, a netlink error or a bug in one is
 reported and never stops enforcement by the others. When a backend's batch
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shaperd.core import log
-from shaperd.core.protocol import ApplyResult, Backend, BackendStats, ClassTarget, Operation, PlanInput, Support, TargetDiff
+from shaperd.core.protocol import ApplyResult, Backend, BackendStats, ClassTarget, NodeContext, Operation, PlanInput, Support, TargetDiff
 from shaperd.core.config import Config
 from shaperd.discovery import cgroups as cgroups_mod
 from shaperd.discovery import pods as pods_mod
@@ -29,6 +29,7 @@ from shaperd.kernel.rtnl import CachedReads
 from shaperd.core.roots import DEFAULT, Roots
 from shaperd.core.tenancy import Tenancy, select_devices, tenancy
 from shaperd.engine import fallback
+from shaperd.engine import teardown as teardown_mod
 
 
 @dataclass
@@ -41,6 +42,7 @@ class TargetOutcome:
     failed: list[tuple[Operation, KernelError]] = field(default_factory=list)
     blocked: str | None = None
     error: str | None = None  # the target (or the whole backend) could not be read or planned
+    note: str | None = None  # left in place on purpose, said once (a teardown's shared clsact): not a failure
 
 
 @dataclass
@@ -58,6 +60,9 @@ class PlanResult:
 
     tenancy: Tenancy = field(default_factory=Tenancy)
     desired: dict[str, Any] = field(default_factory=dict)
+    # What the tenants file asks for that this node cannot give: a disabled backend it needs, a cgroup
+    # that is not there (Reconciler.unmet). Warnings, like the backends' own.
+    unmet: tuple[str, ...] = ()
 
     @property
     def problems(self) -> tuple[ConfigProblem, ...]:
@@ -65,7 +70,7 @@ class PlanResult:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        return self.tenancy.warnings + tuple(w for d in self.desired.values() for w in d.warnings)
+        return self.tenancy.warnings + self.unmet + tuple(w for d in self.desired.values() for w in d.warnings)
 
     @property
     def pod_tenants(self) -> dict[str, str]:
@@ -141,12 +146,9 @@ class Reconciler:
         # <run>/shaperd/refused-<scope>.json, set by open_node: what applies found the kernel refuses, for status.
         self.refused_file = None
         self._refusals_recorded: dict | None = None
-        # Probed once: a backend this kernel cannot run is left out, with its reason.
+        # Probed once: a backend this kernel cannot run is left out. Its reason becomes a plan warning
+        # where the tenants file needs it (unmet): a backend nothing asks for is silent.
         self.support: dict[str, Support] = {b.name: b.probe(capabilities) for b in self.backends}
-        for b in self.backends:
-            s = self.support[b.name]
-            if not s.enabled:
-                self.log.warning("backend disabled", backend=b.name, reason="; ".join(s.notes))
 
     @property
     def enabled(self) -> list[Backend]:
@@ -163,10 +165,8 @@ class Reconciler:
             for t in cfg.tenants:
                 for path in t.match.cgroups:
                     r = cgroups_mod.ref(self.cgroup_root, path, self.roots)
-                    if r is None:
-                        self.log.warning("cgroup not found", tenant=t.name, cgroup=path, root=str(self.cgroup_root))
-                    else:
-                        refs.append(r)
+                    if r is not None:
+                        refs.append(r)  # one that is not there is said by unmet()
         rdma, rdma_notes = rdma_mod.discover(self.roots)
         if self.pod_resources is not None and pods:
             pods, notes = self.pod_resources.resolve(pods)
@@ -182,7 +182,29 @@ class Reconciler:
         """Pure given the inventory: every enabled backend's desired state."""
         inv = inv or self.inventory(cfg)
         ctx = self._plan_input(cfg, inv)
-        return PlanResult(ctx.tenancy, {b.name: b.plan(ctx) for b in self.enabled})
+        return PlanResult(ctx.tenancy, {b.name: b.plan(ctx) for b in self.enabled}, self.unmet(ctx))
+
+    def unmet(self, ctx: PlanInput) -> tuple[str, ...]:
+        """What the tenants file asks for that this node cannot give: each disabled backend it needs here
+        (the backend's optional ``wanted(ctx)``; without one, always) with its probe notes, and each
+        ``match.cgroups`` entry that is not there."""
+        out = []
+        for b in self.backends:
+            s = self.support[b.name]
+            if s.enabled:
+                continue
+            wanted = getattr(b, "wanted", None)
+            try:
+                needed = wanted is None or wanted(ctx)
+            except Exception:  # noqa: BLE001 - a buggy check must not hide that a backend is off
+                needed = True
+            if needed:
+                out += [f"{b.name} backend disabled: {n}" for n in s.notes or ("not supported here",)]
+        if self.cgroup_root is not None:
+            found = {r.path for r in ctx.inventory.cgroups}
+            out += [f"tenant {t.name}: cgroup {path} not found under {self.cgroup_root}: not matched until it "
+                    "exists" for t in ctx.config.tenants for path in t.match.cgroups if path not in found]
+        return tuple(out)
 
     # -- the reconcile ---------------------------------------------------------
     def diff(self, cfg: Config) -> Report:
@@ -238,7 +260,8 @@ class Reconciler:
                     bo.targets.append(self._settle(b, bo.desired, td, inv, write))
             except Exception as e:  # noqa: BLE001 - one backend never stops the others
                 bo.error = self._backend_failed(b, e)
-        return Report(PlanResult(ctx.tenancy, desired), outcomes, time.perf_counter() - start, inventory=inv)
+        return Report(PlanResult(ctx.tenancy, desired, self.unmet(ctx)), outcomes, time.perf_counter() - start,
+                      inventory=inv)
 
     def _settle(self, b: Backend, desired, td: TargetDiff, inv: Inventory, write: bool) -> TargetOutcome:
         out = TargetOutcome(b.name, td.target, blocked=td.blocked, error=td.error)
@@ -263,29 +286,56 @@ class Reconciler:
         return b.apply(fresh[0], batch=False)
 
     def teardown(self, dry_run: bool = False) -> Report:
-        """Remove what every backend owns, nothing else; ``dry_run``: report the removals, apply none."""
+        """Remove what every backend owns, nothing else; ``dry_run``: report the removals, apply none.
+
+        Each backend says what "nothing desired" is for it; engine/teardown.py keeps what matters, and
+        a target that could not be read fails the teardown (not ``ok``), naming what may remain there.
+        Last, the clsact qdiscs that held only shaperd's filters, read before any backend removed its
+        own, are removed."""
         start = time.perf_counter()
         inv = self.inventory()
         reads = CachedReads(self.reader)
+        shared = BackendOutcome(teardown_mod.CLSACT)
+        try:
+            found = teardown_mod.clsacts(reads, inv, self.backends)
+        except Exception as e:  # noqa: BLE001 - the backends still remove their own
+            found = []
+            shared.error = teardown_mod.backend_unreadable(teardown_mod.CLSACT, teardown_mod.CLSACT_REMAINS, str(e))
+            self.log.error("teardown incomplete", backend=teardown_mod.CLSACT, error=shared.error)
         outcomes = []
         for b in self.backends:
             bo = BackendOutcome(b.name)
             outcomes.append(bo)
             try:
-                for td in b.teardown(b.observe(reads, inv)):
-                    if dry_run:  # the same diff, never handed to apply: nothing is sent
-                        bo.targets.append(TargetOutcome(b.name, td.target, ops=list(td.ops), blocked=td.blocked,
-                                                        error=td.error))
-                        continue
-                    res = b.apply(td, batch=False)
-                    bo.targets.append(TargetOutcome(b.name, td.target, ops=res.applied, failed=res.failed))
-                    self._log_writes(b, res)
+                for td in teardown_mod.kept(b.teardown(b.observe(reads, inv))):
+                    bo.targets.append(self._tear(b, b.name, teardown_mod.remains(b), td, dry_run))
             except Exception as e:  # noqa: BLE001
-                bo.error = self._backend_failed(b, e)
+                bo.error = teardown_mod.backend_unreadable(b.name, teardown_mod.remains(b), self._backend_failed(b, e))
+        for owner, td in teardown_mod.clsact_diffs(found, self.backends):
+            shared.targets.append(self._tear(owner, teardown_mod.CLSACT, teardown_mod.CLSACT_REMAINS, td, dry_run))
+        if shared.targets or shared.error:
+            outcomes.append(shared)
         if not dry_run and self.refused_file is not None:
             with contextlib.suppress(OSError):
                 self.refused_file.unlink(missing_ok=True)  # nothing of edt's is left to explain
         return Report(PlanResult(), outcomes, time.perf_counter() - start)
+
+    def _tear(self, b: Backend | None, name: str, remains: str, td: TargetDiff, dry_run: bool) -> TargetOutcome:
+        """One kept teardown target: its removals applied (``dry_run``: only listed), its failure worded."""
+        error = teardown_mod.unreadable(name, remains, td.target, td.error) if td.error else None
+        out = TargetOutcome(name, td.target, ops=list(td.ops), blocked=td.blocked, error=error, note=td.note)
+        if error:
+            self.log.error("teardown incomplete", backend=name, device=td.target, error=error)
+        if td.blocked:
+            self.log.warning("device left alone", backend=name, device=td.target, reason=td.blocked)
+        if td.note:
+            self.log.info("left in place", backend=name, device=td.target, reason=td.note)
+        if dry_run or not td.ops or b is None:  # the same diff, never handed to apply: nothing is sent
+            return out
+        res = b.apply(td, batch=False)
+        out.ops, out.failed = res.applied, res.failed
+        self._log_writes(b, res, name)
+        return out
 
     def _backend_failed(self, b: Backend, e: Exception) -> str:
         if isinstance(e, ShaperdError):
@@ -294,57 +344,46 @@ class Reconciler:
         self.log.exception("backend failed with an internal error; the others went on", backend=b.name)
         return f"{b.name} backend: internal error: {e!r}"
 
-    def _log_writes(self, b: Backend, res: ApplyResult) -> None:
+    def _log_writes(self, b: Backend, res: ApplyResult, name: str | None = None) -> None:
+        name = name or b.name  # a teardown's clsact is applied through a backend, logged as "clsact"
         for op in res.applied:
-            self.log.info("kernel change", backend=b.name, device=op.device, tenant=op.tenant, change=op.describe())
+            self.log.info("kernel change", backend=name, device=op.device, tenant=op.tenant, change=op.describe())
         for op, err in res.failed:
-            self.log.error("kernel write failed", backend=b.name, device=op.device, tenant=op.tenant, error=str(err))
+            self.log.error("kernel write failed", backend=name, device=op.device, tenant=op.tenant, error=str(err))
 
 
 def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, netns: str | None = None,
-                     pins=None, stamper_pins=None) -> list[Backend]:
-    """The enforcement paths shaperd runs today, in the order they are reconciled."""
-    from shaperd.backends.dcb.backend import DcbBackend
-    from shaperd.backends.edt.backend import EdtBackend
-    from shaperd.backends.htb.backend import HtbBackend
-    from shaperd.backends.marks.backend import MarksBackend
-    from shaperd.backends.devlink.backend import DevlinkBackend
-    from shaperd.backends.nccl.backend import RdmaBackend
-    from shaperd.backends.vfrate.backend import VfRateBackend
+                     pins=None, stamper_pins=None, capabilities: Capabilities | None = None) -> list[Backend]:
+    """Every registered backend (engine/registry.py), in the order they are reconciled.
 
-    # edt after htb: a device moving between the two is released by one before the other takes it.
-    return [HtbBackend(writer, take_over=take_over, pins=pins), EdtBackend(writer, take_over=take_over, pins=pins,
-                                                                         stamper_pins=stamper_pins),
-            MarksBackend(writer), DevlinkBackend(),
-            DcbBackend(netns, str(roots.run)), RdmaBackend(roots),
-            VfRateBackend(writer, state_file=roots.run / "shaperd" / "vfrate-owned.json")]
+    ``stamper_pins`` is accepted for older callers and ignored: edt derives its own from ``capabilities``."""
+    from shaperd.engine.registry import REGISTRY
+
+    return REGISTRY.build(NodeContext(writer=writer, roots=roots, netns=netns, take_over=take_over,
+                                      classifier_pins=pins, capabilities=capabilities))
 
 
 def open_node(caps: Capabilities, *, netns: str | None = None, roots: Roots = DEFAULT, take_over: bool = False,
               pods_source=None, pod_resources=None) -> Reconciler:
     """A reconciler whose reader and writers all live in one namespace (kernel/netns.py)."""
+    from shaperd.backends.htb.offload_probe import DeviceProbe
+    from shaperd.engine import refusals_file
+    from shaperd.engine.registry import REGISTRY
     from shaperd.kernel import bpf_pins, tc
     from shaperd.kernel.rtnl import RtnlReader
 
     reader = RtnlReader(netns, run_root=str(roots.run))
-    writer = tc.open_writer(netns, str(roots.run))
+    writer = tc.open_writer(netns, str(roots.run), codec=REGISTRY.codec())
     # The map classifier's maps come back through bpffs pins where the probe found them usable.
     pins = bpf_pins.PinStore(caps.bpf_pin_root, bpf_pins.scope_for(netns)) if caps.bpf_adopt == "pins" else None
-    # The edt stampers' pins: where the probe got a stamper back (the map classifier may be refused there).
-    stamper_pins = _stamper_pins(caps, netns)
-    from shaperd.backends.htb.offload_probe import DeviceProbe
-    from shaperd.engine import refusals_file as edt_refused
-
-    rec = Reconciler(reader, default_backends(writer, take_over, roots, netns, pins, stamper_pins), caps, roots=roots,
-                     pods_source=pods_source, pod_resources=pod_resources, device_probe=DeviceProbe(netns, roots))
-    rec.refused_file = edt_refused.path_for(roots.run, netns)
+    rec = Reconciler(reader, default_backends(writer, take_over, roots, netns, pins, capabilities=caps), caps,
+                     roots=roots, pods_source=pods_source, pod_resources=pod_resources,
+                     device_probe=DeviceProbe(netns, roots))
+    rec.refused_file = refusals_file.path_for(roots.run, netns)
     return rec
 
 
-def _stamper_pins(caps: Capabilities, netns: str | None):
-    """The edt stampers' bpffs PinStore ("edt-stamper" part of the scope), or None: their maps found by id."""
-    from shaperd.kernel import bpf_pins
-    from shaperd.backends.edt import kernel_stamper as edt_prog
-
-    root = caps.edt_pin_root or (caps.bpf_pin_root if caps.bpf_adopt == "pins" else "")
-    return bpf_pins.PinStore(root, bpf_pins.scope_for(netns)).sub(edt_prog.STAMPER_PINS) if root else None
+def diff_one(reader, backend, cfg: Config, roots: Roots = DEFAULT) -> Report:
+    """Plan ``backend`` alone as the running agent does and diff it without writing (status sections and
+    the backends' read-only commands get this, so they never import the engine)."""
+    return Reconciler(reader, [backend], Capabilities(), roots=roots).diff(cfg)

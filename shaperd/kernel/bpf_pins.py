@@ -222,6 +222,50 @@ def probe_store(root: str | Path) -> PinStore:
     return PinStore(root, f"{PROBE_SCOPE_PREFIX}{os.getpid()}")
 
 
+def pinnable(root: str | Path, mountinfo: str | Path = "/proc/self/mountinfo") -> tuple[bool, str]:
+    """Whether this process could pin under ``<root>/shaperd``, found without pinning anything (for a
+    probe that must write nothing: ``shaperd plan``). What BPF_OBJ_PIN checks: ``root`` is on a bpffs
+    (this process's mount table, the last mount on the longest matching mount point), and the
+    directory it would create its entries in (``<root>/shaperd``, or ``root`` before that exists) is
+    writable and searchable by this process (faccessat with its effective ids and capabilities).
+    (ok, why not)."""
+    real = os.path.realpath(root)
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError as e:
+        return False, f"read mount table {mountinfo}: {e.strerror or e}"
+    point, kind = "", None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right.split():
+            continue
+        mp = _unoctal(fields[4])
+        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(point):
+            point, kind = mp, right.split()[0]
+    if kind != "bpf":
+        return False, f"{root} is not on a bpffs ({point or '?'} is {kind or 'not mounted'})"
+    d = Path(root) / "shaperd"
+    if not d.is_dir():
+        d = Path(root)
+    if not os.access(d, os.W_OK | os.X_OK, effective_ids=True):
+        return False, f"{d}: not writable by this process (file permissions of the bpffs directory)"
+    return True, f"{d} is a bpffs directory this process may write to"
+
+
+def _unoctal(field: str) -> str:
+    """A mountinfo path field with its octal escapes (\\040 for a space) undone."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
 def scope_for(netns: str | None) -> str:
     """The scope of an agent: "host", or "netns-<name>" for a named network namespace."""
     return f"netns-{netns}" if netns else "host"

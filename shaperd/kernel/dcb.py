@@ -219,7 +219,7 @@ class DcbClient:
     def _exchange(self, mtype: int, body: bytes, what: str, verb: str,
                   device: str) -> tuple[bytes, nlmsg.Message] | None:
         """Send one request (with NLM_F_ACK, as dcb does); its answer message, None for a bare ack."""
-        for buf, msgs in self.reader._replies(mtype, nlmsg.NLM_F_ACK, body, what, device):
+        for buf, msgs in self.reader._request(mtype, nlmsg.NLM_F_ACK, body, what, device):
             for m in msgs:
                 if m.type == nlmsg.NLMSG_ERROR:
                     code = nlmsg.error_code(buf, m)

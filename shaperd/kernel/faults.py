@@ -1,12 +1,14 @@
 """A fault seam at the kernel boundary, for tests only.
 
 The netlink writer (kernel/nlwriter.py) and the rtnetlink reader
-(kernel/rtnl.py) read ``ACTIVE`` once per exchange; it is None unless a test
+(kernel/rtnl.py, through the receive loop in kernel/nlexchange.py) read
+``ACTIVE`` once per exchange; it is None unless a test
 installs a plan with ``installed(plan)``, so production pays one attribute
 read. Nothing in config, CLI or environment reaches this module: only tests
 and benchmarks import ``installed``.
 
-Faults, each fired on requests matching a predicate and at most ``times``:
+Faults, each fired on requests matching a predicate (message type, device,
+tc parent: a filter dump's clsact hook) and at most ``times``:
 - ``refuse(errno)``: the write is not sent; the kernel "answers" with errno
   (EPERM, EBUSY, ENOBUFS, EINVAL ...), as a refusal leaves the kernel unchanged;
 - ``no_answer()``: the write is sent and applied, its ack never arrives;
@@ -29,6 +31,7 @@ ACTIVE: "FaultPlan | None" = None
 _TCMSG_IFINDEX = struct.Struct("=i")
 _TCMSG_IFINDEX_OFF = nlmsg.HDR.size + 4  # tcm_family, pad1, pad2 then tcm_ifindex
 _IFINFO_IFINDEX_OFF = nlmsg.HDR.size + 4  # ifi_family, pad, ifi_type then ifi_index
+_TCMSG_PARENT_OFF = nlmsg.HDR.size + 12  # then tcm_handle, tcm_parent
 
 
 def request_type(data: bytes) -> int:
@@ -42,12 +45,20 @@ def request_ifindex(data: bytes) -> int:
     return _TCMSG_IFINDEX.unpack_from(data, _TCMSG_IFINDEX_OFF)[0]
 
 
+def request_parent(data: bytes) -> int:
+    """tcm_parent of an rtnetlink tc request (a filter dump's hook: clsact ingress or egress)."""
+    if len(data) < _TCMSG_PARENT_OFF + 4:
+        return 0
+    return struct.unpack_from("=I", data, _TCMSG_PARENT_OFF)[0]
+
+
 @dataclass
 class Fault:
     kind: str  # "refuse" | "no_answer" | "dump_interrupted" | "read_silent"
     errno: int = 0
     ifindex: int | None = None  # only requests for this device (None: any)
     msg_type: int | None = None  # only this netlink message type (None: any)
+    parent: int | None = None  # only tc requests with this tcm_parent (None: any)
     times: int = 1 << 30
     fired: int = 0
 
@@ -57,6 +68,8 @@ class Fault:
         if self.msg_type is not None and request_type(data) != self.msg_type:
             return False
         if self.ifindex is not None and request_ifindex(data) != self.ifindex:
+            return False
+        if self.parent is not None and request_parent(data) != self.parent:
             return False
         return True
 

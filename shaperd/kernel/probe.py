@@ -12,6 +12,11 @@ start-up included) leaves nothing behind. (It used to be a named namespace,
 ``shaperd-probe-PID`` under /run/netns, created and removed around the probe:
 a kill between the two left it on the node, 2 times in 20 trials. Those
 left by older versions are swept at start when their PID is dead.)
+
+``read_only`` (``shaperd plan``, which must not write to the node): the same
+tests in the same throwaway namespace, but nothing outside it is written:
+no sweep of older versions' namespaces, and bpffs pins are checked
+(bpf_pins.pinnable) instead of made and removed again.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 from pyroute2 import IPRoute
@@ -28,6 +35,38 @@ from shaperd.core.pids import pid_alive
 from shaperd.core.inventory import Capabilities
 from shaperd.core.roots import Roots
 from shaperd.kernel import tc as _tc  # noqa: F401 - registers the bfifo codec with pyroute2
+
+
+@dataclass(frozen=True)
+class ProgramChecks:
+    """The backends' own eBPF programs, which only they can build, tried by the probe.
+
+    Supplied from above (shaperd/engine/probe.py gathers them from the backends): the kernel layer
+    never imports a backend. A check that is None was not supplied, and what it would decide is
+    reported unavailable, with that reason.
+
+    - ``classifier_attach(ipr, ifindex) -> (ok, why)``: the map classifier attaches on a probe device;
+    - ``classifier_load(bpffs_root, read_only) -> (how, why)``: its maps made, the program loaded and got
+      back ("pins", "id" or "" when not); ``read_only``: pin nothing, check what pinning would need;
+    - ``stamper_load(bpffs_root, read_only) -> (ok, why)``: edt's stamper loads and comes back through pins.
+    """
+
+    classifier_attach: Callable | None = None
+    classifier_load: Callable | None = None
+    stamper_load: Callable | None = None
+
+    def attach(self, ipr, ifindex: int) -> tuple[bool, str]:
+        return self.classifier_attach(ipr, ifindex) if self.classifier_attach else (False, _NOT_SUPPLIED)
+
+    def load(self, bpffs_root: str | None, read_only: bool = False) -> tuple[str, str]:
+        return self.classifier_load(bpffs_root, read_only) if self.classifier_load else ("", _NOT_SUPPLIED)
+
+    def stamper(self, bpffs_root: str | None, read_only: bool = False) -> tuple[bool, str]:
+        return self.stamper_load(bpffs_root, read_only) if self.stamper_load else (False, _NOT_SUPPLIED)
+
+
+_NOT_SUPPLIED = "no backend supplied this check"
+NO_CHECKS = ProgramChecks()
 
 CLONE_NEWNET = 0x40000000
 MNT_DETACH = 2
@@ -46,35 +85,40 @@ def default_qdisc(procfs_root: str = "/proc") -> str | None:
 
 
 def probe_capabilities(procfs_root: str = "/proc", run_root: str = "/run", bpffs_root: str | None = None,
-                       roots: Roots | None = None) -> Capabilities:
+                       roots: Roots | None = None, checks: ProgramChecks = NO_CHECKS,
+                       read_only: bool = False) -> Capabilities:
     """``bpffs_root``: where the map classifier's pins go (None: by-id adoption only; the CLI passes
     --bpffs-root, default /sys/fs/bpf). ``roots``: where the kernel's evidence files are read when no
-    probe namespace can be made (default: /proc = ``procfs_root``, /sys, /lib/modules, /boot)."""
+    probe namespace can be made (default: /proc = ``procfs_root``, /sys, /lib/modules, /boot). ``checks``: the
+    backends' programs to try (shaperd/engine/probe.py passes them; without them no program is tried).
+    ``read_only``: write nothing outside the probe's own namespace (module docstring)."""
     roots = roots or Roots(proc=Path(procfs_root))
     procfs_root = str(roots.proc)
-    sweep_stale(Path(run_root) / "netns")
+    if not read_only:
+        sweep_stale(Path(run_root) / "netns")
     box: dict = {}
-    t = threading.Thread(target=_in_own_netns, args=(box, bpffs_root), name="shaperd-probe", daemon=True)
+    t = threading.Thread(target=_in_own_netns, args=(box, bpffs_root, checks, read_only), name="shaperd-probe",
+                         daemon=True)
     t.start()
     t.join(PROBE_TIMEOUT_S)
     if t.is_alive():
         return _assumed(f"capability probe gave no answer within {PROBE_TIMEOUT_S:g} s", procfs_root, bpffs_root,
-                        roots)
+                        roots, checks, read_only)
     if "error" in box:
         e = box["error"]
         return _assumed(f"capability probe skipped ({getattr(e, 'strerror', None) or e})", procfs_root, bpffs_root,
-                        roots)
+                        roots, checks, read_only)
     return box["caps"]
 
 
-def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None, roots: Roots | None = None) -> Capabilities:
+def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None, roots: Roots | None = None,
+             checks: ProgramChecks = NO_CHECKS, read_only: bool = False) -> Capabilities:
     """No throwaway namespace (no CAP_SYS_ADMIN: the DaemonSet and the systemd unit drop it, or no netns
     support): assume the common kernel set and say so. Loading a do-nothing SCHED_CLS program touches no
     device, so cls_bpf is still tested here rather than assumed missing. What edt needs (sch_fq, mq) is
     read from the kernel's own files instead (kernel/qdisc_kinds.py): absent is not offered, unknown is
     offered and verified at apply (backends/edt/refusals.py)."""
     from shaperd.kernel import bpf
-    from shaperd.backends.common import kernel_classifier as bpf_classify
     from shaperd.kernel import qdisc_kinds
 
     roots = roots or Roots(proc=Path(procfs_root))
@@ -83,7 +127,7 @@ def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None, roots: R
     if bpf_ok and kinds["cls_bpf"].state == qdisc_kinds.ABSENT:  # programs load, but nothing can attach them
         bpf_ok, bpf_why = False, str(kinds["cls_bpf"])
     # The map classifier: its maps made, its program loaded and got back, not attached (no probe device).
-    how, maps_why = bpf_classify.probe_load(bpffs_root) if bpf_ok else ("", "cls_bpf unavailable")
+    how, maps_why = checks.load(bpffs_root, read_only) if bpf_ok else ("", "cls_bpf unavailable")
     # fq_codel leaves when the node's default qdisc is fq_codel (systemd's default): it exists there.
     leaf = {"bfifo"} | ({"fq_codel"} if default_qdisc(procfs_root) == "fq_codel" else set())
     notes = [f"{why}; assuming htb, u32, {', '.join(sorted(leaf))}"]
@@ -93,7 +137,7 @@ def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None, roots: R
     for m in ("sch_htb", "cls_u32"):
         if kinds[m].state == qdisc_kinds.ABSENT:
             notes.append(f"kernel evidence: {kinds[m]} (assumed anyway: writes needing it fail, naming it)")
-    stamper = _stamper_adopt(bpf_ok, bpffs_root, notes)
+    stamper = _stamper_adopt(bpf_ok, bpffs_root, notes, checks, read_only)
     fq, mq = _edt_assumed(bpf_ok, stamper, notes, kinds)
     return Capabilities(htb=True, u32=True, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
                         bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
@@ -120,15 +164,14 @@ def _asked_where_unknown(kinds: dict) -> dict:
                                                          f"{ev.evidence})")}
 
 
-def _stamper_adopt(bpf_ok: bool, bpffs_root: str | None, notes: list[str]) -> str:
+def _stamper_adopt(bpf_ok: bool, bpffs_root: str | None, notes: list[str], checks: ProgramChecks,
+                   read_only: bool = False) -> str:
     """"pins" where the edt stamper itself loads and comes back through bpffs pins (its own program: the
     map classifier's verdict says nothing about it; on Debian's 6.1 without CAP_PERFMON the verifier
     refuses the classifier but not necessarily the stamper), else ""."""
-    from shaperd.backends.edt import kernel_stamper as edt_prog
-
     if not bpf_ok:
         return ""
-    ok, why = edt_prog.probe_load(bpffs_root)
+    ok, why = checks.stamper(bpffs_root, read_only)
     if not ok:
         notes.append(f"edt stamper: {why}")
     return "pins" if ok else ""
@@ -177,16 +220,17 @@ def unshare_netns() -> None:
         raise OSError(err, os.strerror(err))
 
 
-def _in_own_netns(box: dict, bpffs_root: str | None = None) -> None:
+def _in_own_netns(box: dict, bpffs_root: str | None = None, checks: ProgramChecks = NO_CHECKS,
+                  read_only: bool = False) -> None:
     """On the helper thread: into a namespace of its own, then probe."""
     try:
         unshare_netns()
-        box["caps"] = _probe(bpffs_root)
+        box["caps"] = _probe(bpffs_root, checks, read_only)
     except Exception as e:  # noqa: BLE001 - reported as a degraded probe, never a crash at start
         box["error"] = e
 
 
-def _probe(bpffs_root: str | None = None) -> Capabilities:
+def _probe(bpffs_root: str | None = None, checks: ProgramChecks = NO_CHECKS, read_only: bool = False) -> Capabilities:
     notes: list[str] = []
     with IPRoute() as ipr:  # created on this thread: its socket is in the unnamed namespace
         ipr.link("add", ifname="p0", kind="veth", peer="p1")
@@ -210,13 +254,12 @@ def _probe(bpffs_root: str | None = None) -> Capabilities:
             notes.append(f"{off_why} (probe veth): HTB offload is decided per uplink (discovery/htb_offload.py "
                          "probes each device read-only; backends/htb/offload_plan.py decides)")
         from shaperd.kernel import bpf
-        from shaperd.backends.common import kernel_classifier as bpf_classify
 
         bpf_ok, why = bpf.bpf_supported()
-        attach_ok, maps_why = bpf_classify.probe(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
+        attach_ok, maps_why = checks.attach(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
     # Attaching works: now how a restarted agent gets the maps back (pins first, else by id). bpf()
     # objects and bpffs belong to no network namespace, so this thread's namespace does not matter.
-    how, adopt_why = bpf_classify.probe_load(bpffs_root) if attach_ok else ("", maps_why)
+    how, adopt_why = checks.load(bpffs_root, read_only) if attach_ok else ("", maps_why)
     if not bpf_ok:
         notes.append(f"cls_bpf unavailable ({why}): match.interfaces cannot be enforced")
     maps_ok, adopt = _classifier_note(how, adopt_why, notes)
@@ -257,7 +300,7 @@ def htb_offload(ipr: IPRoute, ifindex: int, device: str) -> tuple[bool, str]:
     """Try ``htb offload`` as the root of ``device`` (a probe veth: never a node's device). (ok, why not)."""
     from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
 
-    msg = _tc._msg(RTM_NEWQDISC, _tc._F_PUT, ifindex, 0x10000, TC_H_ROOT, kind="htb", options=_tc._htb_init(2, True))
+    msg = _tc.msg(RTM_NEWQDISC, _tc.F_PUT, ifindex, 0x10000, TC_H_ROOT, kind="htb", options=_tc.htb_init(2, True))
     try:
         ipr.nlm_request_batch([msg])
     except NetlinkError as e:

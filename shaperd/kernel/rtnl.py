@@ -4,10 +4,11 @@ One raw NETLINK_ROUTE socket, created inside the target namespace
 (kernel/netns.py), sending dump and get requests and decoding the replies
 into typed rows (kernel/rtnl_rows.py). Read-only: it sends no write.
 
-Every exchange has a deadline (``timeout_s``); a dump the kernel marks as
-interrupted (NLM_F_DUMP_INTR: the table changed while it was being dumped)
-is read again; an error reply is a KernelError naming what was read and
-where, never an empty answer. The socket is injectable, so the decoders run
+Every exchange has a deadline (``timeout_s``; the receive loop is
+kernel/nlexchange.py's); a dump the kernel marks as interrupted
+(NLM_F_DUMP_INTR: the table changed while it was being dumped) is read
+again; an error reply is a KernelError naming what was read and where, never
+an empty answer. The socket is injectable, so the decoders run
 on recorded replies in tests (tests/unit/fixtures/netlink/).
 """
 
@@ -22,8 +23,8 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from shaperd.core.errors import KernelError
-from shaperd.kernel import faults, nlmsg
-from shaperd.kernel.nlexchange import open_netlink
+from shaperd.kernel import nlmsg
+from shaperd.kernel.nlexchange import NetlinkExchange, open_netlink
 from shaperd.kernel import rtnl_rows as rows
 from shaperd.kernel.nlmsg import Message
 
@@ -49,75 +50,33 @@ def open_socket(netns: str | None = None, run_root: str = "/run", groups: int = 
     return open_netlink(NETLINK_ROUTE, "rtnetlink socket", netns, run_root, groups=groups, nonblocking=nonblocking)
 
 
-class RtnlReader:
+class RtnlReader(NetlinkExchange):
     """Typed reads over one raw rtnetlink socket (``sock`` injectable for recorded replies)."""
 
+    single_reply_ends = True  # a get is answered by one message, and no ack is asked for
+    fault_seam = True
+
     def __init__(self, netns: str | None = None, *, sock=None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 run_root: str = "/run", sleep: Callable[[float], None] = time.sleep):
+                 run_root: str = "/run", sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic):
+        # timeout_s without any datagram for a request (a kernel that stopped answering), ANSWER_CAP_S
+        # for the whole answer (a dump of 50,000 filters on a loaded node takes seconds).
+        super().__init__(sock if sock is not None else open_socket(netns, run_root), netns or "node", timeout_s,
+                         clock, answer_cap_s=ANSWER_CAP_S)
         self.netns = netns
         self.sleep = sleep
-        self.sock = sock if sock is not None else open_socket(netns, run_root)
-        self.timeout_s = timeout_s
         self.sock.settimeout(timeout_s)
-        self.seq = 0
-
-    def close(self) -> None:
-        self.sock.close()
 
     def __enter__(self) -> "RtnlReader":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     # -- the exchange ----------------------------------------------------------
-    def _replies(self, mtype: int, flags: int, body: bytes, what: str,
+    def _request(self, mtype: int, flags: int, body: bytes, what: str,
                  device: str) -> Iterator[tuple[bytes, list[Message]]]:
-        """Send one request; yield (datagram, its messages answering this request) until DONE or an error/ack.
-
-        Per datagram, not per message: a resync reads hundreds of messages and a generator step each
-        showed in the sampler's cost."""
-        self.seq += 1
-        seq = self.seq
-        req = nlmsg.header(nlmsg.HDR.size + len(body), mtype, nlmsg.NLM_F_REQUEST | flags, seq) + body
-        plan = faults.ACTIVE
-        fault = plan.reading(req, device) if plan is not None else None
-        # Two deadlines: timeout_s without any datagram for this request (a kernel that stopped answering),
-        # and ANSWER_CAP_S for the whole answer (a dump of 50,000 filters on a loaded node takes seconds).
-        start = time.monotonic()
-        idle_until, cap = start + self.timeout_s, start + max(self.timeout_s, ANSWER_CAP_S)
-        try:
-            self.sock.send(req)
-            while True:
-                left = min(idle_until, cap) - time.monotonic()
-                if left <= 0:
-                    raise socket.timeout()
-                self.sock.settimeout(left)
-                buf = self.sock.recv(1 << 16)
-                if not buf:
-                    raise KernelError("read", what, device, "netlink socket closed", errno_mod.EPIPE)
-                if fault is not None:
-                    if fault == "silent":
-                        continue
-                    buf = faults.mark_dump_intr(buf)
-                mine = []
-                last = False
-                for m in nlmsg.messages(buf):
-                    if m.seq != seq:
-                        continue  # a late answer to an earlier request that timed out
-                    idle_until = time.monotonic() + self.timeout_s
-                    mine.append(m)
-                    if m.type == nlmsg.NLMSG_DONE or m.type == nlmsg.NLMSG_ERROR or not m.flags & nlmsg.NLM_F_MULTI:
-                        last = True
-                        break
-                yield buf, mine
-                if last:
-                    return
-        except socket.timeout as e:
-            raise KernelError("read", what, device, f"no answer from the kernel within {self.timeout_s:g} s",
-                              errno_mod.ETIMEDOUT) from e
-        except OSError as e:
-            raise KernelError("read", what, device, e.strerror or str(e), e.errno) from e
+        """Send one request; yield (datagram, its messages answering this request) until DONE or an error/ack
+        (NetlinkExchange._answer)."""
+        size, flags = nlmsg.HDR.size + len(body), nlmsg.NLM_F_REQUEST | flags
+        return self._answer(lambda seq: nlmsg.header(size, mtype, flags, seq) + body, what, device)
 
     def _dump(self, mtype: int, body: bytes, decode: Callable[[bytes, Message], T | None], what: str,
               device: str) -> list[T]:
@@ -128,7 +87,7 @@ class RtnlReader:
                 self.sleep(DUMP_RETRY_S[min(attempt, len(DUMP_RETRY_S)) - 1])  # let the change settle
             out: list[T] = []
             interrupted = 0
-            for buf, msgs in self._replies(mtype, nlmsg.NLM_F_DUMP, body, what, device):
+            for buf, msgs in self._request(mtype, nlmsg.NLM_F_DUMP, body, what, device):
                 for m in msgs:
                     interrupted |= m.flags & nlmsg.NLM_F_DUMP_INTR
                     if m.type == error or m.type == done:
@@ -149,7 +108,7 @@ class RtnlReader:
     def _get(self, mtype: int, body: bytes, decode: Callable[[bytes, Message], T], what: str, device: str,
              absent: frozenset[int] = frozenset()) -> T | None:
         """One get request: its row, None when the kernel answers with an errno in ``absent``, else raise."""
-        for buf, msgs in self._replies(mtype, 0, body, what, device):
+        for buf, msgs in self._request(mtype, 0, body, what, device):
             if not msgs:
                 continue
             m = msgs[0]

@@ -1,12 +1,13 @@
-"""tc writes over netlink: one encoder per typed operation (pyroute2's message classes), sent by kernel/nlwriter.py.
+"""tc writes over netlink: the generic writer; each tc backend's codec encodes its own typed operations.
 
 Writes go in bounded, acked, deadlined batches (kernel/nlwriter.py: never
 more requests at once than the receive buffer holds acks for) and, if a
 write is refused, are replayed one by one by the engine (after a fresh read and diff) so each failure is
 attributed to its object while the others still land. An error is built by
 the operation itself ("verb object on device: cause"). Reads live in
-kernel/rtnl.py. This module knows how to write each object kind; which
-objects to write is the backends' decision.
+kernel/rtnl.py. This module knows how to send tc requests and attribute their answers; how
+each object kind is encoded is its backend's codec (backends/*/kernel_tc.py), and which
+objects to write is the backends' decision. It never imports a backend.
 """
 
 from __future__ import annotations
@@ -15,34 +16,21 @@ import errno as errno_mod
 import os
 import socket
 import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 from pyroute2 import IPRoute
 from pyroute2.netlink import nla
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl import (
-    RTM_DELQDISC,
-    RTM_DELTCLASS,
-    RTM_DELTFILTER,
-    RTM_NEWQDISC,
-    RTM_NEWTCLASS,
-    RTM_NEWTFILTER,
-    TC_H_ROOT,
-)
+from pyroute2.netlink.rtnl import RTM_DELQDISC, RTM_DELTFILTER, RTM_NEWQDISC, RTM_NEWTCLASS, RTM_NEWTFILTER  # noqa: F401
+from pyroute2.netlink.rtnl import RTM_DELTCLASS, TC_H_ROOT  # noqa: F401 - re-exported for the backends' encoders
 from pyroute2.netlink.rtnl import tcmsg as tcmsg_mod
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo, tcmsg
 
-from shaperd.core.protocol import ApplyResult, Operation
-from shaperd.backends.edt import ops as edt
-from shaperd.backends.edt.objects import STAMPER_HANDLE
-from shaperd.backends.htb import ops as htb
-from shaperd.backends.common.objects import ETH_P_ALL, ROOT_HANDLE, HtbClass, LeafQdisc, U32Filter
-from shaperd.backends.marks import ops as marks
-from shaperd.backends.marks.objects import CLSACT_HANDLE, PRIO_MARK_INGRESS, TC_H_CLSACT, TC_H_INGRESS_PARENT
 from shaperd.core.errors import TRANSIENT_ERRNOS, KernelError
-from shaperd.core.units import bps_to_Bps, xmit_ticks
+from shaperd.core.protocol import ApplyResult, Operation
 from shaperd.kernel import bpf
-from shaperd.backends.edt import kernel_stamper as edt_prog
 from shaperd.kernel import netns as netns_mod
 from shaperd.kernel import nlwriter
 
@@ -68,12 +56,11 @@ class _SchedFq:
 
 tcmsg_mod.plugins.setdefault("fq", _SchedFq)
 
-TC_U32_TERMINAL = 1
-TC_LINKLAYER_ETHERNET = 1
-U32_MAX = 0xFFFFFFFF
-_F_PUT = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
-_F_ADD = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
-_F_DEL = NLM_F_REQUEST | NLM_F_ACK
+# Request flags: put (create or replace), add (create, refuse an existing one), delete.
+F_PUT = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+F_ADD = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+F_DEL = NLM_F_REQUEST | NLM_F_ACK
+ETH_P_ALL = 0x0003
 # Refusals worth asking again after a pause: the kernel was busy or short of memory, not saying no.
 TRANSIENT_ERRNOS = TRANSIENT_ERRNOS - {errno_mod.ETIMEDOUT, errno_mod.EPIPE}  # answered refusals only
 RETRY_BACKOFF_S = (0.05, 0.2, 0.5)
@@ -85,13 +72,16 @@ DEVICE_BUDGET_S = 60.0
 PER_WRITE_BUDGET_S = 0.005
 
 
-def open_writer(netns: str | None = None, run_root: str = "/run") -> "TcWriter":
-    """The node's tc writer: a bounded netlink writer (kernel/nlwriter.py) created inside ``netns``."""
+def open_writer(netns: str | None = None, run_root: str = "/run", codec: "Codec | None" = None) -> "TcWriter":
+    """The node's tc writer: a bounded netlink writer (kernel/nlwriter.py) created inside ``netns``; ``codec``:
+    every backend's encoders (the engine hands the registry's), used when apply_ops is given none."""
     try:
         sock = nlwriter.open_rtnl_writer(netns, run_root)
     except OSError as e:
         raise KernelError("open", "rtnetlink socket", netns or "this namespace", e.strerror or str(e), e.errno) from e
-    return TcWriter(nlwriter.NetlinkWriter(sock, netns or "this namespace"), netns, run_root)
+    w = TcWriter(nlwriter.NetlinkWriter(sock, netns or "this namespace"), netns, run_root)
+    w.codec = codec or NO_CODEC
+    return w
 
 
 class TcWriter:
@@ -107,6 +97,7 @@ class TcWriter:
         self.nl = nl
         self.netns, self.run_root = netns, run_root
         self.device_budget_s = device_budget_s
+        self.codec: "Codec" = NO_CODEC  # set by open_writer; apply_ops' default
         self._ipr = None
 
     def nlm_request_batch(self, msgs, *_a, **_kw):
@@ -149,14 +140,11 @@ def _encoder(m):
     return encode
 
 
-def _info(prio: int, protocol: int) -> int:
-    return (prio << 16) | socket.htons(protocol)
-
-
 # ------------------------------------------------------------------ writing
 
 
-def _msg(msg_type: int, flags: int, ifindex: int, handle: int, parent: int, info: int = 0, kind=None, options=None):
+def msg(msg_type: int, flags: int, ifindex: int, handle: int, parent: int, info: int = 0, kind=None, options=None):
+    """One tcmsg request (pyroute2's message class): what every backend's encoder builds."""
     m = tcmsg()
     m["index"], m["handle"], m["parent"], m["info"] = ifindex, handle, parent, info
     m["header"]["type"], m["header"]["flags"] = msg_type, flags
@@ -169,25 +157,13 @@ def _msg(msg_type: int, flags: int, ifindex: int, handle: int, parent: int, info
     return m
 
 
-def _htb_class_options(c: HtbClass) -> dict:
-    rate, ceil = bps_to_Bps(c.rate_bps), bps_to_Bps(c.ceil_bps)
-    parms = {
-        # linklayer ethernet: the kernel then needs no rate tables (RTAB/CTAB).
-        "rate___reserved": TC_LINKLAYER_ETHERNET, "rate": min(rate, U32_MAX),
-        "ceil___reserved": TC_LINKLAYER_ETHERNET, "ceil": min(ceil, U32_MAX),
-        "buffer": xmit_ticks(c.burst_bytes, c.rate_bps), "cbuffer": xmit_ticks(c.cburst_bytes, c.ceil_bps),
-        "quantum": c.quantum_bytes, "prio": c.prio,
-    }
-    attrs = [["TCA_HTB_PARMS", parms]]
-    # Rates of 2^32 bytes/s (34.4 Gbit) and above travel in the 64-bit attributes.
-    if rate >= U32_MAX:
-        attrs.append(["TCA_HTB_RATE64", rate])
-    if ceil >= U32_MAX:
-        attrs.append(["TCA_HTB_CEIL64", ceil])
-    return {"attrs": attrs}
+def info(prio: int, protocol: int) -> int:
+    """A filter's tcm_info: its priority and (network order) protocol."""
+    return (prio << 16) | socket.htons(protocol)
 
 
-def _htb_init(default_minor: int, offload: bool = False) -> dict:
+def htb_init(default_minor: int, offload: bool = False) -> dict:
+    """An HTB root's TCA_OPTIONS: used by htb's codec and by the capability probe's offload question."""
     attrs = [["TCA_HTB_INIT", {"version": 3, "rate2quantum": 10, "defcls": default_minor,
                                "debug": 0, "direct_pkts": 0}]]
     if offload:  # NLA_FLAG, no payload: what `tc qdisc add ... htb offload` sends (tests/contract)
@@ -195,123 +171,46 @@ def _htb_init(default_minor: int, offload: bool = False) -> dict:
     return {"attrs": attrs}
 
 
-def _leaf_options(q: LeafQdisc) -> dict:
-    if q.kind in ("bfifo", "pfifo"):
-        return {"limit": q.limit}
-    if q.kind == "fq_codel":
-        return {"attrs": [["TCA_FQ_CODEL_LIMIT", q.limit]]}
-    raise ValueError(f"unsupported leaf qdisc {q.kind}")
+Encoder = Callable[[Any, "int | None"], Any]  # (operation, fd of its loaded BPF program or None) -> request
 
 
-def _u32_options(f: U32Filter) -> dict:
-    # pyroute2 shifts the offset per leading zero byte of a zero-padded mask; an all-zero mask (tc's
-    # "match u32 0 0", a scoped tenant's catch-all) must be written unpadded or it fails to parse.
-    keys = [f"0x{k.value:08x}/0x{k.mask:08x}+{k.offset}" if k.mask else f"0x0/0x0+{k.offset}" for k in f.keys]
-    attrs = [["TCA_U32_CLASSID", f.classid], ["TCA_U32_SEL", {"flags": TC_U32_TERMINAL, "keys": keys}]]
-    if f.mark is not None:
-        attrs.append(["TCA_U32_MARK", {"val": f.mark[0], "mask": f.mark[1], "success": 0}])
-    return {"attrs": attrs}
+@dataclass(frozen=True)
+class Codec:
+    """How one backend's typed operations become tc requests. Each tc backend owns its codec (its
+    ``kernel_tc.py``) and hands it to ``apply_ops``; this module knows no backend.
+
+    ``encoders``: operation class -> Encoder. ``loaders``: operation class -> (op, PinStore or None) -> fd
+    of a program whose maps are made and filled first (edt's stamper). ``programs``: operation class ->
+    op -> (bytecode builder, program name) of a generated program the request attaches.
+    """
+
+    encoders: Mapping[type, Encoder] = field(default_factory=dict)
+    loaders: Mapping[type, Callable] = field(default_factory=dict)
+    programs: Mapping[type, Callable] = field(default_factory=dict)
+
+    def __or__(self, other: "Codec") -> "Codec":
+        return Codec({**self.encoders, **other.encoders}, {**self.loaders, **other.loaders},
+                     {**self.programs, **other.programs})
 
 
-def _u32_filter(op: htb.AddU32Filter, fd: int | None):
-    f = op.filter
-    return _msg(RTM_NEWTFILTER, _F_ADD, op.ifindex, 0, f.parent, _info(f.prio, f.protocol), "u32", _u32_options(f))
+NO_CODEC = Codec()
 
 
-def _bpf_filter(op: htb.AddBpfFilter, fd: int | None):
-    opts = {"attrs": [["TCA_BPF_FD", fd], ["TCA_BPF_NAME", op.filter.name], ["TCA_BPF_FLAGS", 0]]}
-    return _msg(RTM_NEWTFILTER, _F_ADD, op.ifindex, 1, ROOT_HANDLE, _info(op.filter.prio, ETH_P_ALL), "bpf", opts)
-
-
-def _set_mark(op: marks.SetMark, fd: int | None):
-    opts = {"attrs": [["TCA_BPF_FD", fd], ["TCA_BPF_NAME", op.mark.name], ["TCA_BPF_FLAGS", 1]]}  # direct action
-    return _msg(RTM_NEWTFILTER, _F_PUT, op.ifindex, 1, TC_H_INGRESS_PARENT, _info(PRIO_MARK_INGRESS, ETH_P_ALL),
-                "bpf", opts)
-
-
-def _fq_options(fq) -> dict:
-    return {"attrs": [["TCA_FQ_PLIMIT", fq.limit_packets], ["TCA_FQ_FLOW_PLIMIT", fq.flow_limit_packets],
-                      ["TCA_FQ_HORIZON", fq.horizon_us], ["TCA_FQ_HORIZON_DROP", int(fq.horizon_drop)]]}
-
-
-def _edt_root(op: edt.SetRoot, fd: int | None):
-    options = _fq_options(op.fq) if op.kind == "fq" and op.fq is not None else None
-    return _msg(RTM_NEWQDISC, _F_PUT, op.ifindex, op.handle, TC_H_ROOT, kind=op.kind, options=options)
-
-
-_TC_H_EGRESS_PARENT = 0xFFFFFFF3  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_EGRESS)
-
-
-def _edt_stamper(op: edt.SetStamper, fd: int | None):
-    opts = {"attrs": [["TCA_BPF_FD", fd], ["TCA_BPF_NAME", op.stamper.name], ["TCA_BPF_FLAGS", 1]]}  # direct action
-    return _msg(RTM_NEWTFILTER, _F_PUT, op.ifindex, STAMPER_HANDLE, _TC_H_EGRESS_PARENT,
-                _info(op.stamper.prio, ETH_P_ALL), "bpf", opts)
-
-
-# One encoder per operation class: (operation, fd of its loaded BPF program or None) -> netlink request.
-ENCODERS = {
-    htb.CreateRoot: lambda op, _fd: _msg(RTM_NEWQDISC, _F_PUT, op.ifindex, op.root.handle, TC_H_ROOT, kind="htb",
-                                         options=_htb_init(op.root.default_minor, op.root.offload)),
-    htb.ChangeRoot: lambda op, _fd: _msg(RTM_NEWQDISC, _F_DEL, op.ifindex, op.root.handle, TC_H_ROOT, kind="htb",
-                                         options=_htb_init(op.root.default_minor, op.root.offload)),
-    htb.DeleteRoot: lambda op, _fd: _msg(RTM_DELQDISC, _F_DEL, op.ifindex, ROOT_HANDLE, TC_H_ROOT),
-    htb.CreateClass: lambda op, _fd: _msg(RTM_NEWTCLASS, _F_PUT, op.ifindex, op.cls.classid, op.cls.parent, kind="htb",
-                                          options=_htb_class_options(op.cls)),
-    htb.ChangeClass: lambda op, _fd: _msg(RTM_NEWTCLASS, _F_PUT, op.ifindex, op.cls.classid, op.cls.parent, kind="htb",
-                                          options=_htb_class_options(op.cls)),
-    htb.DeleteClass: lambda op, _fd: _msg(RTM_DELTCLASS, _F_DEL, op.ifindex, op.classid, 0),
-    htb.SetLeaf: lambda op, _fd: _msg(RTM_NEWQDISC, _F_PUT, op.ifindex, op.leaf.handle, op.leaf.parent,
-                                      kind=op.leaf.kind, options=_leaf_options(op.leaf)),
-    htb.AddU32Filter: _u32_filter,
-    htb.AddBpfFilter: _bpf_filter,
-    htb.DeleteFilter: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, op.filter.handle, op.filter.parent,
-                                           _info(op.filter.prio, op.filter.protocol), op.filter.kind),
-    htb.DeleteFilterGroup: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, 0, op.parent,
-                                                _info(op.prio, op.protocol)),
-    marks.AddClsact: lambda op, _fd: _msg(RTM_NEWQDISC, _F_ADD, op.ifindex, CLSACT_HANDLE, TC_H_CLSACT, kind="clsact"),
-    marks.SetMark: _set_mark,
-    marks.DeleteMark: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, 1, TC_H_INGRESS_PARENT,
-                                           _info(PRIO_MARK_INGRESS, ETH_P_ALL), "bpf"),
-    # edt: mq or sch_fq at the root, sch_fq per TX queue, the stamper on clsact egress.
-    edt.SetRoot: _edt_root,
-    edt.SetFq: lambda op, _fd: _msg(RTM_NEWQDISC, _F_PUT, op.ifindex, op.fq.handle, op.fq.parent, kind="fq",
-                                    options=_fq_options(op.fq)),
-    edt.DeleteRoot: lambda op, _fd: _msg(RTM_DELQDISC, _F_DEL, op.ifindex, op.handle, TC_H_ROOT),
-    edt.SetStamper: _edt_stamper,
-    edt.DeleteStamper: lambda op, _fd: _msg(RTM_DELTFILTER, _F_DEL, op.ifindex, STAMPER_HANDLE, _TC_H_EGRESS_PARENT,
-                                            _info(op.prio, ETH_P_ALL), "bpf"),
-}
-
-# Operations whose program needs maps made and filled first: (op, PinStore or None) -> its program fd
-# (kernel/edt_prog.py; with a store, the program and maps are pinned as the device's entry).
-LOADERS = {
-    edt.SetStamper: lambda op, pins: edt_prog.load_fresh(op.stamper.horizon_ns, dict(op.initial_q16), pins, op.device),
-}
-
-# Operations that attach a generated program: how to build its bytecode, and its name.
-PROGRAMS = {
-    htb.AddBpfFilter: lambda op: ({
-        "cgroup": lambda: bpf.cgroup_classifier(op.filter.mapping),
-        "mark": lambda: bpf.mark_classifier(op.filter.mapping),
-    }.get(op.filter.kind, lambda: bpf.ifindex_classifier(dict(op.filter.mapping))), op.filter.name),
-    marks.SetMark: lambda op: ((lambda: bpf.mark_setter(op.mark.value, op.mark.mask)), op.mark.name),
-}
-
-
-def build_message(op: Operation, bpf_fd: int | None = None):
-    """The netlink request for one operation."""
+def build_message(op: Operation, bpf_fd: int | None = None, codec: Codec = NO_CODEC):
+    """The netlink request for one operation, by the codec's encoder for its class."""
     try:
-        encode = ENCODERS[type(op)]
+        encode = codec.encoders[type(op)]
     except KeyError:
         raise TypeError(f"no tc encoder for {type(op).__name__}") from None
     return encode(op, bpf_fd)
 
 
-def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, sleep=time.sleep,
-              pins=None) -> ApplyResult:
-    """Execute ``ops`` (all on one device) in order, within the device's budget.
+def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, codec: "Codec | None" = None,
+              sleep=time.sleep, pins=None) -> ApplyResult:
+    """Execute ``ops`` (all on one device) in order, within the device's budget, encoded by ``codec`` (default:
+    the writer's).
 
-    ``pins``: the bpffs PinStore LOADERS pin their programs and maps in (the edt stampers'), or None.
+    ``pins``: the bpffs PinStore the codec's loaders pin their programs and maps in (the edt stampers'), or None.
 
     ``batch``: bounded netlink batches, every request acked (kernel/nlwriter.py). A refusal or lost
     answers set ``batch_failed``: the caller must re-read the device and re-diff, because u32 filter
@@ -329,6 +228,7 @@ def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, sle
     result = ApplyResult()
     if not ops:
         return result
+    codec = codec or getattr(writer, "codec", NO_CODEC)
     nl = writer.nl
     clock = nl.clock  # the deadline is on the writer's clock (injectable in tests)
     budget_s = writer.device_budget_s + len(ops) * PER_WRITE_BUDGET_S
@@ -337,7 +237,7 @@ def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, sle
     try:
         if batch:
             try:
-                encoders = [_encoder(build_message(op, _bpf_fd(op, fds, pins))) for op in ops]
+                encoders = [_encoder(build_message(op, _bpf_fd(op, fds, codec, pins), codec)) for op in ops]
             except KernelError:
                 result.batch_failed = True
                 return result
@@ -356,7 +256,7 @@ def apply_ops(writer: TcWriter, ops: list[Operation], batch: bool = True, *, sle
                 result.failed += [(o, o.error(cause, errno_mod.ETIMEDOUT)) for o in ops[i:]]
                 break
             try:
-                enc = _encoder(build_message(op, _bpf_fd(op, fds, pins)))
+                enc = _encoder(build_message(op, _bpf_fd(op, fds, codec, pins), codec))
             except KernelError as e:
                 result.failed.append((op, e))
                 continue
@@ -407,9 +307,9 @@ def _cause(code: int, text: str) -> str:
     return f"{os.strerror(code)} ({text})" if text else os.strerror(code)
 
 
-def _bpf_fd(op: Operation, fds: list[int], pins=None) -> int | None:
+def _bpf_fd(op: Operation, fds: list[int], codec: Codec, pins=None) -> int | None:
     """Load the program an operation attaches; the fd is closed after the request."""
-    loader = LOADERS.get(type(op))
+    loader = codec.loaders.get(type(op))
     if loader is not None:
         try:
             fd = loader(op, pins)
@@ -417,7 +317,7 @@ def _bpf_fd(op: Operation, fds: list[int], pins=None) -> int | None:
             raise KernelError("load", op.what(), op.device, str(e)) from e
         fds.append(fd)
         return fd
-    program = PROGRAMS.get(type(op))
+    program = codec.programs.get(type(op))
     if program is None:
         return None
     build, name = program(op)

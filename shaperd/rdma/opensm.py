@@ -24,6 +24,8 @@ The mapping (README "Service levels and the subnet manager"):
 
 from __future__ import annotations
 
+import argparse
+
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -400,3 +402,17 @@ def _check_param(key: str, param: str, value: str, problems: list[str]):
             continue
         return None
     return tuple(out)
+
+
+def max_vls_arg(text: str) -> tuple[str, int]:
+    """``--max-vls N|TYPE=N`` (argparse type): the data VLs of the default or one port type."""
+    kind, sep, num = text.rpartition("=")
+    kind = kind if sep else "default"
+    if kind != "default" and kind not in PORT_TYPES:
+        raise argparse.ArgumentTypeError(f"unknown port type {kind!r} in {text!r}; expected N or TYPE=N with TYPE "
+                                         f"one of {', '.join(PORT_TYPES)}")
+    if not num.isdigit() or not 1 <= int(num) <= MAX_DATA_VLS:
+        raise argparse.ArgumentTypeError(f"expected 1-{MAX_DATA_VLS} data VLs (VL0-VL14; VL15 is the "
+                                         f"management VL), got {num!r}")
+    return kind, int(num)
+

@@ -3,25 +3,24 @@
 For ``shaperd rdma opensm-config --write`` on a host that runs OpenSM (small
 clusters run it on a head node). The file is replaced by rename from a
 temporary file in the same directory, fsynced, with the old file's mode and
-owner; the directory is fsynced after the rename. An opensm is found by its
-pid file, or by scanning processes for the ``opensm`` executable whose
-options file (``-F``/``--config``, default /etc/opensm/opensm.conf) is the
-one written, and is sent SIGHUP by pid (OpenSM re-reads its options file and
-runs a heavy sweep; it reprograms SL2VL and VLArb without a restart). Never
-kills, never signals by name.
+owner; the directory is fsynced after the rename (core/atomicfile.py). An
+opensm is found by its pid file, or by scanning processes for the ``opensm``
+executable whose options file (``-F``/``--config``, default
+/etc/opensm/opensm.conf) is the one written, and is sent SIGHUP by pid
+(OpenSM re-reads its options file and runs a heavy sweep; it reprograms
+SL2VL and VLArb without a restart). Never kills, never signals by name.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from shaperd.core import atomicfile
 from shaperd.core.errors import ShaperdError
 
 DEFAULT_OPENSM_CONFIG = "/etc/opensm/opensm.conf"  # what opensm reads without -F (opensm --help)
@@ -47,51 +46,14 @@ def read_text(path: Path) -> str | None:
 
 
 def write_atomic(path: Path, text: str) -> Path:
-    """Replace the file (through a symlink, its target) so a reader sees the old or the new text, never a mix."""
-    real = Path(os.path.realpath(path))
-    try:
-        old = real.stat()
-    except FileNotFoundError:
-        old = None
-    except OSError as e:
-        raise SmHostError(f"stat {real}: {e.strerror or e}") from e
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".shaperd-tmp", dir=real.parent)
-    except OSError as e:
-        raise SmHostError(f"create a temporary file in {real.parent}: {e.strerror or e}") from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8", errors="surrogateescape"))
-            f.flush()
-            os.fsync(f.fileno())
-        if old is not None:
-            os.chmod(tmp, stat.S_IMODE(old.st_mode))
-            try:
-                os.chown(tmp, old.st_uid, old.st_gid)
-            except PermissionError:
-                pass  # not root: the file becomes ours, as any editor would leave it
-        else:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, real)
-    except OSError as e:
-        _unlink(tmp)
-        raise SmHostError(f"write {real}: {e.strerror or e}") from e
-    except BaseException:
-        _unlink(tmp)
-        raise
-    dfd = os.open(real.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-    return real
+    """Replace the file (through a symlink, its target) so a reader sees the old or the new text, never a mix.
 
-
-def _unlink(p: str) -> None:
+    core/atomicfile.py's writer, as an edit: the old file's mode and owner are kept (0644 for a new
+    file), and the directory is fsynced after the rename. Returns the real path written."""
     try:
-        os.unlink(p)
-    except FileNotFoundError:
-        pass
+        return atomicfile.write_atomic(path, text.encode("utf-8", errors="surrogateescape"), 0o644, edit=True)
+    except atomicfile.AtomicWriteError as e:
+        raise SmHostError(str(e)) from e
 
 
 def config_of(cmdline: list[str], cwd: str | None) -> str:

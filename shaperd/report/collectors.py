@@ -4,8 +4,9 @@
 ``AgentCollector`` turns health.AgentState into the agent's own series.
 Each reads a snapshot at scrape time and never the kernel. A value that is
 not known is a missing series, never a zero: no tenant series before the
-first sample, no last-success timestamp before a success, no pod count and
-no Kubernetes sync state without Kubernetes discovery.
+first sample, no last-success timestamp before a success, no degraded count
+before a reconcile has run, no pod count and no Kubernetes sync state
+without Kubernetes discovery.
 
 ``TimedCollectors`` runs them: each reports its own
 ``shaperd_scrape_collector_success`` and ``..._duration_seconds``, and a
@@ -55,6 +56,10 @@ TENANT_FAMILIES = (
 _SAMPLES_HELP = "Class-stats samples taken"
 _LAST_SUCCESS_HELP = "When class stats were last read successfully"
 _DURATION_HELP = "Time the last sample took (all devices)"
+_DEGRADED_HELP = ("What the last reconcile could not enforce, by kind: blocked = a target left alone because it is not "
+                  "shaperd's (e.g. a foreign root qdisc on an uplink), problem = the tenants file asks for what this node "
+                  "cannot plan (e.g. no capacity known for a device); 0 when everything planned is enforced. Neither is "
+                  "retried sooner nor fixed by a restart: /healthz, systemctl status and shaperd status name the first reason")
 _OK_HELP = "1 if the collector read its data, 0 if not (its series are then partial or absent)"
 _DUR_HELP = "Time the collector took in this scrape"
 
@@ -168,6 +173,11 @@ class AgentCollector(Collector):
                     for kind, n in sorted(kinds.items()):
                         ep.add_metric([tenant, kind], n)
                 yield ep
+            if st.degraded is not None:
+                dg = GaugeMetricFamily("shaperd_degraded_targets", _DEGRADED_HELP, labels=["kind"])
+                for kind, n in st.degraded.by_kind().items():
+                    dg.add_metric([kind], n)
+                yield dg
             if st.k8s_synced is not None:
                 yield GaugeMetricFamily("shaperd_kubernetes_synced", "1 while the pod list/watch is in sync with the API server; 0 while it is not (the last known pods stay enforced)", value=1 if st.k8s_synced else 0)
             if st.pods is not None:

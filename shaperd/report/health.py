@@ -2,9 +2,17 @@
 
 Owns ``AgentState``: the loop's bookkeeping (reconciles, errors by kind,
 drift repairs, config reloads, Kubernetes sync state, pods and endpoints
-per tenant) and the two health verdicts read from it. Time comes in as
+per tenant, what the last reconcile could not enforce) and the two health
+verdicts read from it. Time comes in as
 arguments (monotonic for ages, wall clock for timestamps), so every
 verdict can be tested at any instant without waiting.
+
+A degraded node (report/degraded.py: a plan problem, a target left alone)
+stays alive and ready: both verdicts keep their answer and add the degraded
+line to their reason. Liveness failing would restart an agent that a restart
+cannot help (a foreign qdisc stays), and readiness failing would stall a
+DaemonSet rollout on that node for good; the ``shaperd_degraded_targets``
+gauge and its alert are how degraded is acted on.
 
 Must not: render metrics (collectors.AgentCollector reads this state) or
 decide anything for the loop.
@@ -16,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from shaperd.report.degraded import Degraded
 from shaperd.report.error_kinds import ERROR_KINDS
 
 # /healthz fails when the loop has not ticked for this long: it ticks at least
@@ -49,6 +58,7 @@ class AgentState:
     k8s_unsynced_since: float | None = None
     k8s_error: str | None = None
     pods: dict[str, int] | None = None  # tenant -> pods mapped to it (only with Kubernetes discovery)
+    degraded: Degraded | None = None  # what the last reconcile that ran could not enforce; None before one
     last_tick_mono: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -70,7 +80,8 @@ class AgentState:
             self.last_reload_ok = ok
 
     def record_reconcile(self, error_kinds: set[str], ok: bool, drift: bool, now_wall: float,
-                         endpoints: dict[str, dict[str, int]] | None = None) -> None:
+                         endpoints: dict[str, dict[str, int]] | None = None, degraded: Degraded | None = None) -> None:
+        """``degraded``: what this reconcile could not enforce (None: not known, e.g. it raised; the last stays)."""
         with self.lock:
             self.reconciles += 1
             for k in error_kinds:
@@ -82,6 +93,8 @@ class AgentState:
                 self.last_success_ts = now_wall
             if endpoints is not None:
                 self.endpoints = endpoints
+            if degraded is not None:
+                self.degraded = degraded
 
     def record_kubernetes(self, synced: bool, error: str | None, now_mono: float,
                           pods: dict[str, int] | None = None) -> None:
@@ -98,7 +111,7 @@ class AgentState:
 
     def healthy(self, now_mono: float, max_tick_age_s: float = MAX_TICK_AGE_S) -> tuple[bool, str]:
         age = now_mono - self.last_tick_mono
-        return (age <= max_tick_age_s, f"loop last ticked {age:.1f}s ago")
+        return (age <= max_tick_age_s, _with_degraded(f"loop last ticked {age:.1f}s ago", self.degraded))
 
     def ready(self, now_mono: float) -> tuple[bool, str]:
         with self.lock:
@@ -112,4 +125,8 @@ class AgentState:
             if self.k8s_synced is False and self.k8s_unsynced_since is not None \
                     and now_mono - self.k8s_unsynced_since > K8S_UNSYNCED_GRACE_S:
                 return False, f"pod watch not in sync with the API server: {self.k8s_error or 'reconnecting'}"
-            return True, "ok"
+            return True, self.degraded.line() if self.degraded else "ok"
+
+
+def _with_degraded(why: str, degraded: Degraded | None) -> str:
+    return f"{why}; {degraded.line()}" if degraded else why

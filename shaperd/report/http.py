@@ -2,7 +2,9 @@
 
 ``/healthz``: the process is alive and its loop ticks (liveness probe).
 ``/readyz``: a tenants file is loaded and the last reconcile succeeded
-(readiness probe). Both answer 200 or 503 with a one-line reason. Served
+(readiness probe). Both answer 200 or 503 with a one-line reason; on a
+degraded node (report/degraded.py) both stay 200 and the reason carries the
+"degraded: ..." line (report/health.py says why). Served
 from a daemon thread; a scrape never touches the kernel (collectors read
 snapshots).
 
@@ -12,57 +14,39 @@ invented one) is answered 405 with ``Allow: GET``, an unknown path 404, and
 no handler writes anything. With a web config file (``--web.config.file``,
 report/webconfig.py): TLS on the connection, and basic auth on /metrics
 (/healthz and /readyz stay open: the kubelet's probes carry no credentials,
-and they answer one line). A client gets ``CLIENT_TIMEOUT_S`` per request,
-so a stalled connection cannot keep a thread forever.
+and they answer one line). A client gets ``CLIENT_TIMEOUT_S`` per read, so a
+stalled connection cannot keep a thread forever. Where it listens and how
+each connection is set up (TLS on its own thread): report/listen.py.
 """
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from shaperd.core import log
+from shaperd.report import listen
 
 CLIENT_TIMEOUT_S = 10.0
 PROBE_PATHS = ("/healthz", "/readyz")
 
 
-def parse_address(addr: str) -> tuple[str, int]:
-    """'HOST:PORT', ':PORT' (all interfaces) or '[V6]:PORT' -> (host, port)."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--metrics-address {addr!r}: expected HOST:PORT, :PORT or [IPv6]:PORT")
-    host = host.strip("[]")
-    return host, int(port)
+class _Server(listen.ThreadedServer):
+    client_timeout_s = CLIENT_TIMEOUT_S
 
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, addr, handler, metrics, web=None):
-        import socket
-
+    def __init__(self, host: str, port: int, metrics, web=None):
         self.metrics = metrics
         self.web = web  # report.webconfig.WebConfigSource, or None: plain HTTP, no auth
-        if ":" in addr[0] or addr[0] == "":
-            self.address_family = socket.AF_INET6  # "" binds [::] (dual-stack where allowed)
-            addr = (addr[0] or "::", addr[1])
-        super().__init__(addr, handler)
+        super().__init__(host, port, _Handler)
 
-    def finish_request(self, request, client_address):
-        """On the request's own thread: the TLS handshake (a slow client holds only its thread)."""
+    def connection_tls(self):
+        """The web config now, and its TLS context (None: plain HTTP)."""
         web, ctx = self.web.current() if self.web is not None else (None, None)
-        request.settimeout(CLIENT_TIMEOUT_S)
-        if ctx is not None:
-            import ssl
+        return ctx, web
 
-            try:
-                request = ctx.wrap_socket(request, server_side=True)
-            except (ssl.SSLError, OSError):
-                return  # a failed handshake is the client's problem; nothing was served
-        self.RequestHandlerClass(request, client_address, self, web)
+    def handle_connection(self, conn, client_address, web) -> None:
+        self.RequestHandlerClass(conn, client_address, self, web)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -115,7 +99,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class MetricsServer:
     def __init__(self, address: str, metrics, web_config_file: str | None = None):
-        host, port = parse_address(address)
+        host, port = listen.parse_address(address, "--metrics-address")
         web = None
         if web_config_file:
             from shaperd.report.webconfig import WebConfigSource
@@ -124,19 +108,11 @@ class MetricsServer:
             web = WebConfigSource(web_config_file, on_error=lambda e: lg.error(
                 "web config rejected; keeping the last good one", error=str(e)))
         self.scheme = "https" if web is not None and web.config.tls is not None else "http"
-        try:
-            self.httpd = _Server((host, port), _Handler, metrics, web)
-        except OSError:
-            if host:
-                raise
-            # ":PORT" on a node without IPv6: all IPv4 interfaces instead.
-            self.httpd = _Server(("0.0.0.0", port), _Handler, metrics, web)
+        self.httpd = listen.bind(lambda h, p: _Server(h, p, metrics, web), host, port)
         self.address = self.httpd.server_address
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="shaperd-http", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        self.httpd.serve_in_thread("shaperd-http")
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.stop()

@@ -80,9 +80,10 @@ class Metrics:
         self.state.record_config(ok, len(cfg.tenants) if cfg is not None else None)
 
     def reconciled(self, duration_s: float, error_kinds: set[str], ok: bool, drift: bool,
-                   endpoints: dict[str, dict[str, int]] | None = None) -> None:
+                   endpoints: dict[str, dict[str, int]] | None = None, degraded=None) -> None:
+        """``degraded``: report.degraded.Degraded of this reconcile (None: not known, the last one stays)."""
         self.reconcile_seconds.observe(duration_s)
-        self.state.record_reconcile(error_kinds, ok, drift, self._wall(), endpoints)
+        self.state.record_reconcile(error_kinds, ok, drift, self._wall(), endpoints, degraded)
 
     def kubernetes(self, synced: bool, error: str | None, pods: dict[str, int] | None = None) -> None:
         self.state.record_kubernetes(synced, error, self._mono(), pods)

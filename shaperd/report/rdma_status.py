@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from shaperd.core import format as output
+from shaperd.core.exitcodes import EXIT_OK
 from shaperd.core.inventory import RdmaDevice, RdmaPort
 from shaperd.core.roots import Roots
 from shaperd.core.units import format_rate
@@ -227,7 +228,7 @@ def main(args) -> int:
                      _sm_check(args))
     print(output.dump(status, args.output) if output.machine(args) else render(status))
     sys.stdout.flush()
-    return 0
+    return EXIT_OK
 
 
 def _sm_check(args):
@@ -239,7 +240,7 @@ def _sm_check(args):
 
 
 def register(sub, node_opts) -> None:
-    from shaperd.cli.rdma_opensm import max_vls_arg
+    from shaperd.rdma.opensm import max_vls_arg
 
     p = sub.add_parser("status", help="RDMA devices and ports: owners, SL and TC, counters and rates, notes")
     node_opts(p)

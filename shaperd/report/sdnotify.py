@@ -1,12 +1,15 @@
 """Tell systemd how the agent is doing: the sd_notify(3) datagram protocol, without libsystemd.
 
 Owns the messages to the service manager of a ``Type=notify`` unit: ``READY=1``
-once the loop has made its first pass (enforcement in place, or the reason in
-STATUS=), ``RELOADING=1`` while SIGHUP's reload runs (then ``READY=1`` again),
-``STOPPING=1`` on the way out, and ``WATCHDOG=1`` at half the WatchdogSec= period,
-sent only by the loop itself and only while the caller says it is healthy: a
-loop that hangs or keeps failing stops feeding, and systemd restarts the agent
-(Restart=on-failure).
+the first time the caller says it is ready (the daemon: once its first
+reconcile ran), ``STATUS=`` whenever the caller's one-line status changes
+(before READY=1: what it waits for), ``RELOADING=1`` while SIGHUP's reload runs
+(then ``READY=1`` again, once ready), ``STOPPING=1`` on the way out, and
+``WATCHDOG=1`` at half the WatchdogSec= period, sent only by the loop itself and
+only while the caller says it is healthy: a loop that hangs or keeps failing
+stops feeding, and systemd restarts the agent (Restart=on-failure). Whether it
+is ready or degraded does not change the feed: systemd acts on the watchdog
+only after start-up, and a restart does not fix what a degraded node lacks.
 
 The address comes from $NOTIFY_SOCKET (a path, or ``@name`` in the abstract
 namespace), the watchdog period from $WATCHDOG_USEC (for this pid only, when
@@ -61,6 +64,7 @@ class Notifier:
         self._clock = clock
         self._sock: socket.socket | None = None
         self._ready = False
+        self._status: str | None = None  # the last STATUS= sent
         self._next_feed = 0.0
         self._warned = False
 
@@ -84,29 +88,55 @@ class Notifier:
                 _log.warning("sd_notify failed", socket=str(self.address), error=e.strerror or str(e))
             return False
 
-    def loop_pass(self, healthy: bool, status: str = "") -> None:
-        """Called once per loop iteration: READY=1 the first time, then the watchdog while ``healthy``."""
+    @property
+    def ready(self) -> bool:
+        """READY=1 was sent (and not taken back: a reload sends it again)."""
+        return self._ready
+
+    def loop_pass(self, healthy: bool, status: str = "", ready: bool = True) -> None:
+        """Called once per loop iteration: READY=1 the first time ``ready``, STATUS= when ``status`` changed,
+        and the watchdog while ``healthy`` (ready or not)."""
         if self.address is None:
             return
         now = self._clock()
-        if not self._ready:
+        if ready and not self._ready:
             self._ready = True
-            self.send("READY=1", f"STATUS={status}" if status else "STATUS=running", f"MAINPID={os.getpid()}")
+            self._status = status or "running"
+            self.send("READY=1", f"STATUS={self._status}", f"MAINPID={os.getpid()}")
+        else:
+            self.status(status)
         if self.watchdog_s is None or not healthy or now < self._next_feed:
             return
         self._next_feed = now + self.watchdog_s
         self.send("WATCHDOG=1")
 
+    def status(self, text: str) -> None:
+        """STATUS=text, unless it is empty or what was sent last (systemctl status shows the last one)."""
+        if self.address is None or not text or text == self._status:
+            return
+        self._status = text
+        self.send(f"STATUS={text}")
+
     def reloading(self) -> None:
+        if not self._ready:  # still starting: systemd takes RELOADING=1 only from a started unit
+            self.status("reloading the tenants file")
+            return
+        self._status = "reloading the tenants file"
         # MONOTONIC_USEC: Type=notify-reload (systemd 253+) requires it; older managers ignore it.
         self.send("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}",
-                  "STATUS=reloading the tenants file")
+                  f"STATUS={self._status}")
 
     def reloaded(self, status: str) -> None:
+        """The reload is over: READY=1 again, if the unit was ready (before, READY=1 still waits for the loop)."""
+        if not self._ready:
+            self.status(status)
+            return
+        self._status = status
         self.send("READY=1", f"STATUS={status}")
 
     def stopping(self) -> None:
-        self.send("STOPPING=1", "STATUS=stopping; enforcement left in place")
+        self._status = "stopping; enforcement left in place"
+        self.send("STOPPING=1", f"STATUS={self._status}")
 
     def close(self) -> None:
         if self._sock is not None:

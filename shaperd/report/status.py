@@ -1,184 +1,178 @@
-"""``shaperd status``: live per-tenant class stats read straight from the kernel.
+"""``shaperd status``: what each tenant gets, read straight from the kernel, one section per backend.
 
-Works with or without the daemon: it reads HTB class counters twice, a short
-window apart, and labels classes with tenant names from the tenants file
-(class ids are derived from names, so no saved state is needed). Without a
-readable tenants file, classes are shown by id. The RDMA path is read at the
-same instants and shown beside it (report/rdma_view.py): the tenants' RDMA
-ports and what they sent. After them, one section per NIC backend that has
-something on this node (report/nic_status.py: VF rates, devlink rate groups,
-RoCE DCB; configured vs read back), read through the same functions as
-``shaperd rdma vf-rates``, ``rdma devlink`` and ``rdma dcb``.
+Works with or without the daemon. The frame samples every section at both ends of a short window
+and prints them in their ``order``: each registered backend's sections (its spec's ``status``:
+htb's classes and classifier paths, edt's stampers, the NIC backends' configured vs read back),
+the tenants' RDMA ports (report/rdma_view.py: what they sent, measured at the HCA) and, last, the
+uplinks on htb because the kernel refused edt (engine/refusals_file.py). A section with nothing
+on this node has no key and prints nothing; a section whose read fails says so in its place and
+the others are still shown. Last, where the caller gives a ``degraded`` function (the CLI: the plan
+and read of ``shaperd diff``), the "degraded: ..." line of report/degraded.py, and ``degraded`` in
+-o json. Exit 1 when a section could not read a device or a target is left alone, 2 for a plan problem.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass
 
+from shaperd.core import exitcodes
 from shaperd.core import format as output
-from shaperd.core.config import load_file
-from shaperd.core.errors import ConfigError
-from shaperd.core.ids import assign_minors
-from shaperd.backends.common.objects import DEFAULT_CLASS_MINOR, HANDLE_MAJOR, ROOT_CLASS_MINOR, fmt_handle
-from shaperd.core.units import format_rate
+from shaperd.core.protocol import StatusInput
+
+class RdmaSection:
+    """The tenants' RDMA ports and what they sent (not a backend: measured at the HCA, never shaped by tc)."""
+
+    order = 30
+    key = "rdma"
+
+    def __init__(self, inp: StatusInput, rate_window_s: float):
+        from shaperd.core.roots import Roots
+        from shaperd.report.rdma_view import RdmaWatch
+
+        self.watch = RdmaWatch.open(Roots.of(sys=str(inp.roots.sys)), inp.config_path, rate_window_s=rate_window_s)
+
+    def sample(self, reader) -> None:
+        self.watch.sample(time.monotonic())
+
+    def collect(self, reader) -> dict:
+        from shaperd.report.rdma_view import tenant_rows
+
+        self.ports = self.watch.view()
+        return {"rdma": tenant_rows(self.ports)}
+
+    def render(self, doc: dict) -> str:
+        from shaperd.report.rdma_view import render_table
+
+        return "RDMA ports (measured at the HCA; not shaped by tc):\n" + render_table(self.ports) if self.ports else ""
+
+    def errors(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
 
 
-@dataclass
-class Row:
-    device: str
-    tenant: str
-    classid: str
-    guarantee_bps: int
-    limit_bps: int
-    rate_bps: float | None  # over the window; None on the first sample
-    bytes: int
-    packets: int
-    drops: int
-    overlimits: int
-    backlog_bytes: int
-    borrowing: bool  # sending above its guarantee, on bandwidth lent by the parent
-    borrows: int
+class RefusedSection:
+    """The uplinks on htb because the kernel refused edt there (what the applying process recorded)."""
+
+    order = 90
+    key = "edt_refused"
+
+    def __init__(self, args):
+        self.args = args
+
+    def sample(self, reader) -> None:
+        pass
+
+    def collect(self, reader) -> dict:
+        from shaperd.engine import refusals_file
+
+        return refusals_file.doc(self.args)
+
+    def render(self, doc: dict) -> str:
+        from shaperd.engine import refusals_file
+
+        return refusals_file.render(self.args)
+
+    def errors(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
 
 
-def class_labels(config_path: str | None) -> dict[int, str]:
-    labels = {HANDLE_MAJOR << 16 | DEFAULT_CLASS_MINOR: "(default)", HANDLE_MAJOR << 16 | ROOT_CLASS_MINOR: "(root)"}
-    if not config_path:
-        return labels
-    try:
-        cfg = load_file(config_path)
-    except ConfigError:
-        return labels
-    minors = assign_minors([t.name for t in cfg.tenants])
-    for name, minor in minors.items():
-        labels[HANDLE_MAJOR << 16 | minor] = name
-    labels.update(scope_labels(cfg, minors))
-    return labels
+def status_input(args) -> StatusInput:
+    """The sections' input from the command's arguments (the tenants file read once, if readable)."""
+    from shaperd.core.roots import Roots
+    from shaperd.engine import refusals_file
+    from shaperd.engine.reconciler import diff_one
+    from shaperd.report.rdma_view import load_config
+
+    netns = getattr(args, "netns", None)
+    run_root = getattr(args, "run_root", "/run")
+    return StatusInput(
+        config=load_config(args.config), config_path=args.config,
+        roots=Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=run_root, kubelet=args.kubelet_root),
+        netns=netns, bpffs_root=getattr(args, "bpffs_root", "") or "", run_root=run_root, diff_one=diff_one,
+        refused=refusals_file.read(refusals_file.path_for(run_root, netns)))
 
 
-def scope_labels(cfg, minors: dict[str, int]) -> dict[int, str]:
-    """Destination-scope leaves (issue 12): 'tenant-a/rest' and 'tenant-a->10.244.0.0/16'."""
-    from shaperd.backends.htb.scopes import scope_minors
+def sections_for(inp: StatusInput, args) -> list:
+    """Every registered backend's sections, the report's own beside them, in print order."""
+    from shaperd.engine.registry import REGISTRY
 
-    smins = scope_minors(cfg.tenants, minors)
-    out = {}
-    for key, minor in smins.items():
-        tenant, kind, *rest = key.split("\0")
-        out[HANDLE_MAJOR << 16 | minor] = f"{tenant}/rest" if kind == "rest" else f"{tenant}->{rest[0]}"
-    return out
-
-
-def sample(reader) -> dict[tuple[str, int], object]:
-    """One read of every shaperd class on every shaped device: {(device, classid): class row}."""
-    from shaperd.backends.htb.observe import read_counters
-
-    return read_counters(reader)
+    out: list = [RdmaSection(inp, args.interval), RefusedSection(args)]
+    for spec in REGISTRY.specs:
+        if spec.status is not None:
+            out.extend(spec.status(inp))
+    return sorted(out, key=lambda s: s.order)
 
 
-def rows(prev: dict, cur: dict, window_s: float, labels: dict[int, str]) -> list[Row]:
-    out = []
-    for (dev, cid), st in sorted(cur.items()):
-        before = prev.get((dev, cid))
-        rate = None
-        if before is not None and window_s > 0 and st.bytes >= before.bytes:
-            rate = (st.bytes - before.bytes) * 8 / window_s
-        out.append(
-            Row(
-                device=dev, tenant=labels.get(cid, "?"), classid=fmt_handle(cid),
-                guarantee_bps=st.rate_Bps * 8, limit_bps=st.ceil_Bps * 8, rate_bps=rate,
-                bytes=st.bytes, packets=st.packets, drops=st.drops, overlimits=st.overlimits,
-                backlog_bytes=st.backlog_bytes,
-                borrowing=rate is not None and rate > st.rate_Bps * 8 * 1.01 and cid & 0xFFFF != ROOT_CLASS_MINOR,
-                borrows=st.borrows,
-            )
-        )
-    return out
-
-
-def render_table(rs: list[Row], empty_note: str = "(no device carries shaperd's qdisc)") -> str:
-    head = ("DEVICE", "TENANT", "CLASS", "GUARANTEE", "LIMIT", "RATE", "BYTES", "PACKETS", "DROPS", "OVERLIMITS", "BORROWING")
-    lines = [head]
-    for r in rs:
-        lines.append((
-            r.device, r.tenant, r.classid, format_rate(r.guarantee_bps), format_rate(r.limit_bps),
-            "-" if r.rate_bps is None else format_rate(int(r.rate_bps)),
-            str(r.bytes), str(r.packets), str(r.drops), str(r.overlimits), "yes" if r.borrowing else "no",
-        ))
-    widths = [max(len(l[i]) for l in lines) for i in range(len(head))]
-    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines)
-    if not rs:
-        text += "\n" + empty_note
-    return text
-
-
-def main(args) -> int:
+def main(args, degraded=None) -> int:
+    """``degraded``: None, or a function returning report.degraded.Degraded for this instant (called per window)."""
     from shaperd.kernel.rtnl import RtnlReader
 
-    from shaperd.core.roots import Roots
-    from shaperd.backends.edt import status as edt_status
-    from shaperd.report import rdma_view
-
-    ipr = RtnlReader(getattr(args, "netns", None))
-    labels = class_labels(args.config)
-    nic_cfg = rdma_view.load_config(args.config)
-    nic_roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
-    rdma = rdma_view.RdmaWatch.open(Roots.of(sys=args.sysfs_root), args.config, rate_window_s=args.interval)
-    edt = edt_status.EdtWatch(edt_status.Labels.load(args.config, args.sysfs_root),
-                              edt_status.pins_for(getattr(args, "bpffs_root", ""), getattr(args, "netns", None)))
+    reader = RtnlReader(getattr(args, "netns", None))
+    sections = sections_for(status_input(args), args)
     try:
-        return _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt)
+        return _loop(args, reader, sections, degraded)
     finally:
-        edt.close()
+        for s in sections:
+            s.close()
 
 
-def _loop(args, ipr, labels, nic_cfg, nic_roots, rdma, edt) -> int:
-    from shaperd.backends.htb.offload_probe import DeviceProbe
-    from shaperd.backends.common import classifier_status
-    from shaperd.engine import refusals_file as edt_refused
-    from shaperd.backends.edt import status as edt_status
-    from shaperd.report import nic_status
-    from shaperd.report import rdma_view
+def _collect(s, reader) -> dict:
+    """One section's keys for this window; a failing read is that section's error, never the others'."""
+    try:
+        return s.collect(reader)
+    except Exception as e:  # noqa: BLE001 - one backend's failure is shown in its section, not fatal
+        return {s.key: {"error": f"{type(e).__name__}: {e}"}}
 
-    offload_probe = DeviceProbe(getattr(args, "netns", None), nic_roots)  # read-only: driver and ethtool features
-    prev = sample(ipr)
+
+def _sample_all(sections, reader) -> None:
+    for s in sections:
+        s.sample(reader)
+
+
+def _loop(args, reader, sections, degraded=None) -> int:
+    _sample_all(sections, reader)
     t0 = time.monotonic()
-    rdma.sample(t0)
-    edt.sample(ipr)
     while True:
         time.sleep(args.interval)
-        cur = sample(ipr)
+        _sample_all(sections, reader)
         t1 = time.monotonic()
-        rdma.sample(t1)
-        edt.sample(ipr)
-        rs = rows(prev, cur, t1 - t0, labels)
-        ports = rdma.view()
-        nic = nic_status.collect(nic_cfg, nic_roots, ipr, netns=getattr(args, "netns", None))
-        paths = classifier_status.with_offload_reasons(
-            classifier_status.collect(ipr), ipr.links(), offload_probe,
-            edt_refused.read(edt_refused.path_for(getattr(args, "run_root", "/run"), getattr(args, "netns", None))).get("htb"))
+        doc: dict = {"window_s": round(t1 - t0, 3)}
+        for s in sections:
+            doc.update(_collect(s, reader))
+        errors = [e for s in sections for e in s.errors()]
+        deg = degraded() if degraded is not None else None  # plan problems and targets left alone
+        if deg is not None:
+            doc["degraded"] = deg.doc()
         if output.machine(args):  # -o json: one compact line per window (JSON lines under --watch)
-            extra = {"classifier": paths} if paths else {}  # only where a device carries shaperd's HTB
-            doc = {"window_s": round(t1 - t0, 3), "classes": [asdict(r) for r in rs], **edt.doc(),
-                   "rdma": rdma_view.tenant_rows(ports), **nic, **extra, **edt_refused.doc(args)}
             print(("---\n" if args.watch and args.output == "yaml" else "") + output.dump(doc, args.output, indent=None))
-            for err in edt.errors.values():
-                print(f"shaperd: {err}", file=sys.stderr)
+            for e in errors:
+                exitcodes.err(e)
         else:
             if args.watch and sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")
-            print(render_table(rs, "(no device on the HTB data plane)") if edt.devices else render_table(rs))
-            if edt.devices:
-                print("\n" + edt_status.render(edt.rows(), edt.errors))
-            if ports:
-                print("\nRDMA ports (measured at the HCA; not shaped by tc):\n" + rdma_view.render_table(ports))
-            if nic:
-                print("\n" + nic_status.render(nic))
-            if paths:
-                print("\n" + classifier_status.render(paths))
-            if refused := edt_refused.render(args):
-                print("\n" + refused)
+            texts = [t for t in (_render(s, doc) for s in sections) if t]
+            if deg:
+                texts.append(deg.render())
+            print("\n\n".join(texts))
         sys.stdout.flush()
         if not args.watch:
-            return 1 if edt.errors else 0  # a device unreadable: the others were shown (cli: 1 a device failed)
-        prev, t0 = cur, t1
+            if deg and deg.problems:
+                return 2  # as plan and apply: the tenants file asks for what this node cannot plan
+            # a device unreadable, or a target left alone (as apply: 1 a device failed); the others were shown
+            return 1 if errors or deg else 0
+        t0 = t1
+
+
+def _render(s, doc: dict) -> str:
+    """A section's text; one whose read failed and cannot render says so in its place."""
+    try:
+        return s.render(doc)
+    except Exception as e:  # noqa: BLE001
+        sec = doc.get(s.key)
+        return f"{s.key}: error: {sec['error'] if isinstance(sec, dict) and 'error' in sec else e}"

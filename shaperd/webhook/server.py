@@ -4,7 +4,8 @@ stdlib ``http.server`` + ``ssl``: the API server sends one small JSON request
 at a time per connection, which needs no framework, and the stdlib keeps the
 image free of another TLS stack. Each accepted connection is wrapped with the
 certificate current at that moment (reload.TlsFiles), and its TLS handshake
-runs on the connection's own thread, so a slow client never holds up accept.
+runs on the connection's own thread, so a slow client never holds up accept
+(the listening and the set-up: report/listen.py).
 Every read has a deadline: the socket timeout for the handshake and the
 headers, one overall deadline for the body. A review that cannot be answered
 as asked is answered "allowed, no patch" (failurePolicy Ignore semantics);
@@ -14,13 +15,13 @@ nothing a client sends ends the server.
 from __future__ import annotations
 
 import json
-import socket
+import ssl
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from shaperd.core import log
+from shaperd.report import listen
 from shaperd.webhook import admission
 
 # An AdmissionReview of a CREATE carries one object; the API server caps objects at about 3 MiB.
@@ -28,38 +29,27 @@ MAX_BODY_BYTES = 6 * 1024 * 1024
 DEFAULT_READ_TIMEOUT_S = 10.0  # the API server's webhook timeout is at most 30 s (we ask for 5)
 
 
-def parse_address(addr: str) -> tuple[str, int]:
-    """'HOST:PORT', ':PORT' (all interfaces) or '[V6]:PORT' -> (host, port)."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--address {addr!r}: expected HOST:PORT, :PORT or [IPv6]:PORT")
-    return host.strip("[]"), int(port)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, addr, tls, tenants, read_timeout_s: float):
+class _Server(listen.ThreadedServer):
+    def __init__(self, host: str, port: int, tls, tenants, read_timeout_s: float):
         self.tls, self.tenants, self.read_timeout_s = tls, tenants, read_timeout_s
+        self.client_timeout_s = read_timeout_s
         self.log = log.get("shaperd.webhook")
-        if ":" in addr[0] or addr[0] == "":
-            self.address_family = socket.AF_INET6  # "" binds [::] (dual-stack where allowed)
-            addr = (addr[0] or "::", addr[1])
-        super().__init__(addr, _Handler)
+        super().__init__(host, port, _Handler)
 
-    def get_request(self):
-        sock, addr = self.socket.accept()
-        try:
-            sock.settimeout(self.read_timeout_s)
-            ctx = self.tls.context()  # the certificate on disk now (or the last good one)
-            return ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
-        except BaseException:
-            sock.close()
-            raise
+    def connection_tls(self):
+        ctx = self.tls.context()  # the certificate on disk now (or the last good one)
+        if ctx is None:  # TlsFiles refuses to start without one; never served as plain HTTP
+            raise ssl.SSLError("no TLS certificate loaded")
+        return ctx, None
+
+    def handshake_failed(self, client_address, error: OSError) -> None:
+        self._failed(client_address, error)
 
     def handle_error(self, request, client_address) -> None:
-        # A failed handshake or a client gone mid-request: one line, never a traceback on stderr.
-        e = sys.exc_info()[1]
+        # A client gone mid-request: one line, never a traceback on stderr.
+        self._failed(client_address, sys.exc_info()[1])
+
+    def _failed(self, client_address, e) -> None:
         self.log.info("connection failed", client=client_address[0], error=f"{type(e).__name__}: {e}")
 
     def review(self, body: bytes) -> admission.Verdict:
@@ -87,10 +77,6 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"  # the API server keeps connections open between reviews
-
-    def setup(self) -> None:
-        self.request.do_handshake()  # bounded by the socket timeout set at accept
-        super().setup()
 
     def do_POST(self):  # noqa: N802 - http.server's naming
         if self.path.split("?", 1)[0] != "/mutate":
@@ -161,22 +147,13 @@ class _Handler(BaseHTTPRequestHandler):
 
 class WebhookServer:
     def __init__(self, address: str, tls, tenants, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S):
-        host, port = parse_address(address)
-        try:
-            self.httpd = _Server((host, port), tls, tenants, read_timeout_s)
-        except OSError:
-            if host:
-                raise
-            self.httpd = _Server(("0.0.0.0", port), tls, tenants, read_timeout_s)  # ":PORT" without IPv6
+        host, port = listen.parse_address(address, "--address")
+        self.httpd = listen.bind(lambda h, p: _Server(h, p, tls, tenants, read_timeout_s), host, port)
         self.address = self.httpd.server_address[:2]
-        # serve_forever notices shutdown() within one poll interval.
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="shaperd-webhook", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        # serve_forever notices shutdown() within one poll interval.
+        self.httpd.serve_in_thread("shaperd-webhook", poll_interval_s=0.1)
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join(timeout=10)
+        self.httpd.stop()

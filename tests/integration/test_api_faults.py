@@ -18,7 +18,7 @@ import time
 import pytest
 
 from shaperd.core.config import load_text
-from shaperd.kernel.probe import probe_capabilities
+from shaperd.engine.probe import probe_capabilities
 from tests.k8s_fake import FakeKubeAPI, make_pod, write_kubeconfig
 from tests.routed_pods import (CFG, NODE_NAME, Kernel, PodSpec, add_routed_pods, enforced, gone, remove_routed_pod,
                                state_diff, tenant_for)

@@ -18,10 +18,10 @@ from shaperd.engine.reconciler import open_node
 from shaperd.backends.common import kernel_classifier as bpf_classify
 from shaperd.kernel import bpf_maps
 from shaperd.kernel import bpf_pins
-from shaperd.kernel.probe import probe_capabilities
+from shaperd.engine.probe import probe_capabilities
 
 from .conftest import needs_root
-from .test_map_classifier import CFG, Counting, class_packets, egress_filters, B
+from .test_map_classifier import CFG, Counting, class_packets, B
 
 pytestmark = needs_root
 _OBJ_PIN, _OBJ_GET = 6, 7

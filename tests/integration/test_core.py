@@ -275,12 +275,17 @@ def test_teardown_removes_only_what_shaperd_owns(bed, tmp_path):
     cfg = write(tmp_path, NODE + MATCH)
     bed.exec("tc", "qdisc", "add", "dev", "up1", "root", "tbf", "rate", "1gbit", "burst", "100k", "latency", "10ms",
              ns=bed.peer)
+    # Someone else's clsact with their filter: shaperd shares it, and leaves both (an empty one it filled
+    # would be removed with shaperd's filters: backends/common/clsact.py).
     bed.exec("tc", "qdisc", "add", "dev", "up0", "clsact")
+    bed.exec("tc", "filter", "add", "dev", "up0", "ingress", "prio", "7", "u32", "match", "u32", "0", "0",
+             "flowid", "1:2")
     assert bed.shaperd("apply", "--config", str(cfg)).returncode == 0
     r = bed.shaperd("teardown")
     assert r.returncode == 0, r.stderr
     qd = bed.exec("tc", "qdisc", "show", "dev", "up0").stdout
     assert "7368:" not in qd and "clsact" in qd
+    assert "u32" in bed.exec("tc", "filter", "show", "dev", "up0", "ingress").stdout
     assert "tbf" in bed.exec("tc", "qdisc", "show", "dev", "up1", ns=bed.peer).stdout
     assert "0 changed" in bed.shaperd("teardown").stdout
 

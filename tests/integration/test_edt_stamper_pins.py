@@ -19,7 +19,8 @@ from shaperd.backends.edt import ops as edt_ops
 from shaperd.backends.edt.backend import EdtBackend, EdtObserved
 from shaperd.backends.edt.objects import Stamper, stamper_name
 from shaperd.backends.edt.plan import EdtPlan
-from shaperd.backends.marks.ops import AddClsact
+from shaperd.backends.common.clsact import AddClsact
+from shaperd.backends.edt.kernel_tc import CODEC as EDT_CODEC
 from shaperd.kernel import bpf_maps
 from shaperd.kernel import bpf_pins
 from shaperd.backends.edt import kernel_stamper as edt_prog
@@ -63,7 +64,7 @@ def _attach(reader, writer, pins, q16=((3, 1234),), device="st0", clsact=True):
     st = Stamper(stamper_name(HORIZON_NS), HORIZON_NS)
     kw = dict(device=device, ifindex=link.ifindex)
     ops = [AddClsact(**kw)] if clsact else []
-    res = tc.apply_ops(writer, ops + [edt_ops.SetStamper(stamper=st, initial_q16=q16, **kw)], pins=pins)
+    res = tc.apply_ops(writer, ops + [edt_ops.SetStamper(stamper=st, initial_q16=q16, **kw)], pins=pins, codec=EDT_CODEC)
     assert res.failed == [] and not res.batch_failed
     (f,) = [f for f in reader.filters(link.ifindex, 0xFFFFFFF3, device) if f.kind == "bpf"]
     return link.ifindex, st, f.prog_id

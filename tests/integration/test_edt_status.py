@@ -21,7 +21,8 @@ from shaperd.backends.edt import controller
 from shaperd.backends.edt import ops as edt_ops
 from shaperd.backends.edt.objects import DEFAULT_KEY, ROOT_HANDLE, Stamper, stamper_name
 from shaperd.core.ids import assign_minors
-from shaperd.backends.marks.ops import AddClsact
+from shaperd.backends.common.clsact import AddClsact
+from shaperd.backends.edt.kernel_tc import CODEC as EDT_CODEC
 from shaperd.kernel import bpf_pins
 from shaperd.backends.edt import kernel_stamper as edt_prog
 from shaperd.kernel import tc
@@ -76,7 +77,7 @@ def edt_node(pinfs, tmp_path):
                 res = tc.apply_ops(writer, [
                     edt_ops.SetRoot(kind="mq", handle=ROOT_HANDLE, **kw), AddClsact(**kw),
                     edt_ops.SetStamper(stamper=Stamper(stamper_name(HORIZON_NS), HORIZON_NS), initial_q16=q16, **kw),
-                ], pins=store)
+                ], pins=store, codec=EDT_CODEC)
             finally:
                 writer.close()
             assert res.failed == [] and not res.batch_failed, res.failed

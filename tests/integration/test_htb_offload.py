@@ -17,7 +17,7 @@ from shaperd.backends.htb.ops import CreateRoot
 from shaperd.core.config import load_text
 from shaperd.backends.htb.offload_probe import DeviceProbe
 from shaperd.engine.reconciler import open_node
-from shaperd.kernel.probe import probe_capabilities
+from shaperd.engine.probe import probe_capabilities
 from shaperd.kernel.rtnl import RtnlReader
 
 from .conftest import needs_root

@@ -24,7 +24,7 @@ import pytest
 
 from tests import procs
 
-from .conftest import PY, ROOT, needs_root, wait_for
+from .conftest import PY, needs_root, wait_for
 
 pytestmark = [needs_root, pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) missing")]
 
@@ -42,7 +42,7 @@ tenants:
 
 
 def test_probe_without_sys_admin_chooses_bpffs_pins_for_the_map_classifier(pinfs):
-    code = ("from shaperd.kernel.probe import probe_capabilities as p; import json, sys; c = p(bpffs_root=sys.argv[1]); "
+    code = ("from shaperd.engine.probe import probe_capabilities as p; import json, sys; c = p(bpffs_root=sys.argv[1]); "
             "print(json.dumps({'maps': c.bpf_maps, 'adopt': c.bpf_adopt, 'notes': list(c.notes)}))")
     r = procs.run([*LEAST, PY, "-c", code, str(pinfs)], timeout_s=60)
     got = json.loads(r.stdout)
@@ -53,7 +53,7 @@ def test_probe_without_sys_admin_chooses_bpffs_pins_for_the_map_classifier(pinfs
 
 
 def test_probe_without_sys_admin_finds_cls_bpf_and_refuses_the_map_classifier_it_could_not_adopt():
-    code = ("from shaperd.kernel.probe import probe_capabilities as p; import json; c = p(); "
+    code = ("from shaperd.engine.probe import probe_capabilities as p; import json; c = p(); "
             "print(json.dumps({'bpf': c.bpf, 'maps': c.bpf_maps, 'htb': c.htb, 'notes': list(c.notes)}))")
     r = procs.run([*LEAST, PY, "-c", code], timeout_s=60)
     got = json.loads(r.stdout)
@@ -66,7 +66,7 @@ def test_probe_without_sys_admin_finds_cls_bpf_and_refuses_the_map_classifier_it
 
 def test_with_every_capability_the_map_classifier_probe_succeeds():
     # The check above can pass: as plain root the same probe adopts what it loaded.
-    code = "from shaperd.kernel import bpf_classify as b; print(b.probe_load())"
+    code = "from shaperd.backends.common import kernel_classifier as b; print(b.probe_load())"
     r = procs.run([PY, "-c", code], timeout_s=60)
     assert r.stdout.strip() == "('id', 'by id (bpffs pins: no bpffs root configured)')", r.stdout + r.stderr
 

@@ -64,7 +64,7 @@ def bpf_filters(bed) -> str:
 
 def test_daemon_with_only_the_daemonset_capabilities_enforces(bed, tmp_path):
     caps = granted()
-    assert set(caps) == {"NET_ADMIN", "BPF"}, caps  # the table in the README documents these
+    assert set(caps) == {"NET_ADMIN", "BPF"}, caps  # docs/operations.md#privileges documents these
     cfg = tmp_path / "t.yaml"
     cfg.write_text(CFG)
     daemon = bed.spawn([*setpriv(caps), PY, "-m", "shaperd", "--log-json", "run", "--config", str(cfg),

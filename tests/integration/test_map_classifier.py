@@ -4,7 +4,6 @@ and the u32 path stays available (SHAPERD_CLASSIFIER=u32)."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from shaperd.core.ids import assign_minors
 from shaperd.core.config import load_file as load_config
 from shaperd.engine.reconciler import open_node
 from shaperd.kernel import bpf_maps
-from shaperd.kernel.probe import probe_capabilities
+from shaperd.engine.probe import probe_capabilities
 
 from .conftest import needs_root
 

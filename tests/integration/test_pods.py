@@ -18,7 +18,7 @@ import pytest
 from shaperd.core.config import load_text
 from shaperd.discovery.cgroups import cgroup2_root
 from shaperd.kernel import tc
-from shaperd.kernel.probe import probe_capabilities
+from shaperd.engine.probe import probe_capabilities
 from shaperd.backends.common.objects import ROOT_HANDLE
 from shaperd.core.ids import assign_minors
 from shaperd.backends.marks.ops import SetMark

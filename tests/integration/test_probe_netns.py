@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from shaperd.engine import probe as engine_probe
 from shaperd.kernel import probe
 
 
@@ -25,7 +26,7 @@ def test_probe_runs_in_an_unnamed_namespace_of_its_own(monkeypatch):
         return real(*a)
 
     monkeypatch.setattr(probe, "_probe", spy)
-    caps = probe.probe_capabilities()
+    caps = probe.probe_capabilities(checks=engine_probe.program_checks())
     assert caps.htb
     assert seen["ns"] != ours  # not the node's namespace
     # and no name for it while it ran: nothing to leak (other namespaces may come and go on a shared machine)

@@ -152,7 +152,7 @@ def tenants_yaml(dataplane: str, capacity_mbit: int = CAPACITY_MBIT) -> str:
 
 def reconciler(bed: Bed):
     from shaperd.engine.reconciler import open_node
-    from shaperd.kernel.probe import probe_capabilities
+    from shaperd.engine.probe import probe_capabilities
 
     return open_node(probe_capabilities(), netns=bed.node)
 
@@ -284,7 +284,7 @@ def isolation(bed: Bed, cfg, rec, dataplane: str, alone_s: float = 3.0, both_s: 
     ids = classids(cfg)
     loop = None
     if dataplane == "edt":
-        from shaperd.daemon.service import _edt_maps_opener
+        from shaperd.backends.edt.loop import maps_opener as _edt_maps_opener
 
         loop = EdtLoop(_edt_maps_opener(bed.node))
         plan = rec.plan(cfg)
@@ -358,7 +358,7 @@ def cpu_per_packet(bed: Bed, cfg, senders: int, seconds: float = 3.0, rec=None, 
     ids = classids(cfg)
     loop = None
     if rec is not None and dataplane == "edt":
-        from shaperd.daemon.service import _edt_maps_opener
+        from shaperd.backends.edt.loop import maps_opener as _edt_maps_opener
         from shaperd.backends.edt.loop import EdtLoop
 
         loop = EdtLoop(_edt_maps_opener(bed.node))

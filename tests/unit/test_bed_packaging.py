@@ -5,12 +5,13 @@ import sys
 
 import pytest
 
+from shaperd.cli import demo as cli_demo
 from shaperd.cli import main as cli
 
 
 def test_demo_takes_the_beds_options_when_installed():
     args = cli.build_parser().parse_args(["demo", "--duration", "1.5", "--modes", "none"])
-    assert args.fn is cli.cmd_demo and args.duration == 1.5 and args.modes == "none"
+    assert args.fn is cli_demo.cmd_demo and args.duration == 1.5 and args.modes == "none"
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 from shaperd.backends.common import mapcls
 from shaperd.kernel.rtnl_rows import FilterRow, LinkRow, QdiscRow
 from shaperd.backends.htb import metrics as classifier_metrics
-from shaperd.backends.common import classifier_status
+from shaperd.backends.htb import classifier_status
 
 
 class Reader:

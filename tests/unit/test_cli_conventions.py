@@ -17,6 +17,7 @@ import yaml
 from shaperd.core import buildinfo
 from shaperd.cli import main as cli
 from shaperd.cli import meta as cli_meta
+from shaperd.cli import reconcile as cli_reconcile
 from shaperd.core import format as cli_output
 from shaperd.core import config
 from shaperd.backends.htb.ops import DeleteRoot
@@ -107,7 +108,7 @@ def test_diff_exits_like_kubectl_diff(monkeypatch, capsys, tmp_path, rep, code):
         def diff(self, cfg):
             return rep
 
-    monkeypatch.setattr(cli, "_reconciler", lambda args: Rec())
+    monkeypatch.setattr(cli_reconcile, "_reconciler", lambda args: Rec())
     assert cli.main(["diff", "-c", str(EXAMPLE)]) == code
     text = capsys.readouterr().out
     assert f"{len(rep.devices[0].ops)} would change" in text and ("would delete" in text) is bool(rep.devices[0].ops)
@@ -122,7 +123,7 @@ def test_diff_of_an_unreadable_node_is_3_and_a_bad_file_2(monkeypatch, tmp_path)
     def boom(args):
         raise KernelError("open", "rtnetlink", "netns x", "no such namespace")
 
-    monkeypatch.setattr(cli, "_reconciler", boom)
+    monkeypatch.setattr(cli_reconcile, "_reconciler", boom)
     assert cli.main(["diff", "-c", str(EXAMPLE)]) == 3
     bad = tmp_path / "bad.yaml"
     bad.write_text("tenants: [{name: a}]\n")
@@ -149,7 +150,7 @@ def test_teardown_dry_run_through_the_cli_prints_would(monkeypatch, capsys):
             calls.append(dry_run)
             return _report(TargetOutcome("htb", "eth0", ops=[OP]))
 
-    monkeypatch.setattr(cli, "_reconciler", lambda args, **kw: Rec())
+    monkeypatch.setattr(cli_reconcile, "_reconciler", lambda args, **kw: Rec())
     assert cli.main(["teardown", "--dry-run"]) == 0
     assert calls == [True] and "would delete" in capsys.readouterr().out.lower()
     assert cli.main(["teardown", "--dry-run", "-o", "yaml"]) == 0
@@ -190,8 +191,8 @@ def test_colour_only_on_a_terminal_and_never_with_no_color():
 
 def test_top_colours_its_bar_only_when_allowed():
     s = TenantSeries(Target("a", "eth0", 0x73680010), guarantee_bps=100, limit_bps=200, rate_bps=150.0)
-    coloured = top.render((s,), {}, 2.0, color=True)
-    plain = top.render((s,), {}, 2.0, color=False)
+    coloured = top.render([top.PlaneView("htb", (s,))], {}, 2.0, color=True)
+    plain = top.render([top.PlaneView("htb", (s,))], {}, 2.0, color=False)
     assert "\x1b[32m#" in coloured and "\x1b[33m+" in coloured
     assert "\x1b" not in plain
     strip = coloured

@@ -1,4 +1,4 @@
-"""The README's configuration reference is generated from the JSON Schema and is never stale."""
+"""docs/configuration.md's reference is generated from the JSON Schema and is never stale."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gen-config-ref"
 SCHEMA = json.loads((ROOT / "schema" / "traffic-shaping.schema.json").read_text())
+PAGE = ROOT / "docs" / "configuration.md"
 
 
 def gen():
@@ -23,9 +24,9 @@ def gen():
     return mod
 
 
-def test_the_readme_section_is_what_the_generator_makes_from_the_schema():
+def test_the_reference_section_is_what_the_generator_makes_from_the_schema():
     r = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr + "\nrun scripts/gen-config-ref and commit README.md"
+    assert r.returncode == 0, r.stderr + "\nrun scripts/gen-config-ref and commit docs/configuration.md"
 
 
 def test_every_schema_key_has_a_row():
@@ -45,16 +46,16 @@ def test_a_new_schema_key_makes_the_check_fail_until_regenerated(tmp_path):
     schema = copy.deepcopy(SCHEMA)
     schema["properties"]["node"]["properties"]["dataplane"] = {
         "enum": ["htb", "edt", "auto"], "default": "auto", "description": "Which data path enforces the tenants."}
-    s, readme = tmp_path / "schema.json", tmp_path / "README.md"
+    s, page = tmp_path / "schema.json", tmp_path / "configuration.md"
     s.write_text(json.dumps(schema))
-    readme.write_text((ROOT / "README.md").read_text())
-    args = [sys.executable, str(SCRIPT), "--schema", str(s), "--readme", str(readme)]
+    page.write_text(PAGE.read_text())
+    args = [sys.executable, str(SCRIPT), "--schema", str(s), "--page", str(page)]
     assert subprocess.run(args + ["--check"], capture_output=True, timeout=60).returncode == 1
     assert subprocess.run(args, capture_output=True, timeout=60).returncode == 0
     assert subprocess.run(args + ["--check"], capture_output=True, timeout=60).returncode == 0
-    text = readme.read_text()
+    text = page.read_text()
     assert '| `node.dataplane` | string |  | default `"auto"`; one of `"htb"`, `"edt"`, `"auto"` |' in text
     # only the section changed
-    before, after = (ROOT / "README.md").read_text(), text
+    before, after = PAGE.read_text(), text
     g = gen()
     assert before.split(g.BEGIN)[0] == after.split(g.BEGIN)[0] and before.split(g.END)[1] == after.split(g.END)[1]

@@ -34,7 +34,7 @@ class FakeRec:
 
     def apply(self, cfg):
         self.applied.append(cfg)
-        return SimpleNamespace(devices=[], changes=0, planned_devices=(), duration_s=0.0, ok=True)
+        return SimpleNamespace(devices=[], problems=(), changes=0, planned_devices=(), duration_s=0.0, ok=True)
 
 
 def _daemon(view, monkeypatch, clock):

@@ -106,7 +106,7 @@ def test_a_removed_scope_deletes_its_filters_before_its_classes():
 
 
 def test_status_labels_the_scope_leaves():
-    from shaperd.report.status import class_labels
+    from shaperd.backends.htb.status import class_labels
 
     cfg, dp = _plan()
     path = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "kubeflow-source-design.yaml"

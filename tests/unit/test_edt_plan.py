@@ -9,7 +9,7 @@ from shaperd.backends.edt.ops import DeleteRoot, DeleteStamper, SetFq, SetRoot, 
 from shaperd.backends.common.mapcls import AttachMapClassifier, DetachMapClassifier, ObservedMapClassifier
 from shaperd.backends.common.objects import ROOT_HANDLE as HTB_ROOT
 from shaperd.core.ids import assign_minors
-from shaperd.backends.marks.ops import AddClsact
+from shaperd.backends.common.clsact import AddClsact
 from shaperd.core.inventory import Capabilities, Inventory, Link
 from shaperd.core.tenancy import tenancy
 

@@ -14,7 +14,7 @@ from shaperd.backends.edt.objects import FqQdisc, Stamper
 from shaperd.backends.edt.ops import DeleteRoot, SetFq, SetRoot, SetStamper
 from shaperd.backends.edt.refusals import Refusals, refusal_of
 from shaperd.core.dataplane import select
-from shaperd.backends.marks.ops import AddClsact
+from shaperd.backends.common.clsact import AddClsact
 from shaperd.engine.reconciler import Reconciler
 from shaperd.core.inventory import Capabilities, Inventory, Link
 from shaperd.kernel.rtnl_rows import LinkRow
@@ -39,7 +39,7 @@ class FakeKernel:
         self.sent: list = []
         self.fq_answer = fq_answer
 
-    def apply_ops(self, writer, ops, batch=True, pins=None):
+    def apply_ops(self, writer, ops, batch=True, pins=None, codec=None):
         res = ApplyResult()
         for op in ops:
             self.sent.append(op)
@@ -67,7 +67,7 @@ def test_unknown_kind_refuses_edt_on_the_device_and_undoes_its_root(monkeypatch)
 def test_a_refused_root_is_not_deleted(monkeypatch):
     # A single-queue device: the root itself is sch_fq, refused, so the device's root never changed.
     k = FakeKernel()
-    monkeypatch.setattr(edt_backend.tc, "apply_ops", lambda w, ops, batch=True, pins=None: _fail_all(k, ops))
+    monkeypatch.setattr(edt_backend.tc, "apply_ops", lambda w, ops, batch=True, pins=None, codec=None: _fail_all(k, ops))
     be = EdtBackend(writer=None)
     diff = TargetDiff("up0", [SetRoot(kind="fq", handle=0x73650000, fq=_fq(0), **KW), AddClsact(**KW)])
     res = be.apply(diff, batch=False)

@@ -24,6 +24,7 @@ from shaperd.kernel import bpf_pins
 from shaperd.backends.edt import kernel_stamper as edt_prog
 from shaperd.kernel.rtnl_rows import FilterRow, LinkRow, QdiscRow
 from shaperd.backends.edt import status as edt_status
+from shaperd.core.roots import Roots
 from shaperd.report import top
 from shaperd.report.sampler import Accumulator
 
@@ -298,14 +299,20 @@ def test_a_pin_of_another_program_is_not_bypassed_by_id(tmp_path, monkeypatch):
 def _status(monkeypatch, tmp_path, maps_by_dev):
     """cli status with the kernel faked: no HTB class, no RDMA, no NIC sections; the edt maps injected."""
     from shaperd.kernel import rtnl
-    from shaperd.backends.common import classifier_status
-    from shaperd.report import nic_status
-    from shaperd.report import status
+    from shaperd.backends.htb import classifier_status
+    from shaperd.backends.dcb import status as dcb_status
+    from shaperd.backends.devlink import status as devlink_status
+    from shaperd.backends.htb import status as htb_status
+    from shaperd.backends.vfrate import status as vf_status
 
     monkeypatch.setattr(rtnl, "RtnlReader", lambda netns=None, **kw: Reader())
-    monkeypatch.setattr(status, "sample", lambda reader: {})
+    monkeypatch.setattr(htb_status, "sample", lambda reader: {})
     monkeypatch.setattr(classifier_status, "collect", lambda reader: {})
-    monkeypatch.setattr(nic_status, "collect", lambda *a, **kw: {})
+    for nic in (vf_status, devlink_status, dcb_status):  # no NIC section: their kernel sides are not faked here
+        monkeypatch.setattr(nic, "sections", lambda inp: [])
+    from shaperd.cli import status as cli_status
+
+    monkeypatch.setattr(cli_status, "_status_degraded", lambda args: None)  # no plan and diff of the host's kernel
 
     def open_maps(reader, dev, pins):
         m = maps_by_dev[dev.device]
@@ -350,27 +357,31 @@ def _series(acc, tenant, device, classid, g, lim, t0_bytes, t1_bytes, qlen=0):
 
 
 def test_top_ranks_edt_rows_with_htb_rows_and_says_which_plane_each_is_on():
+    from shaperd.core.protocol import StatusInput
+
     htb = Accumulator()
     _series(htb, "batch", "eth2", 0x73680000 | BATCH, 100 * M, 500 * M, 0, 12_500_000)
     edt_acc = Accumulator()
     maps = FakeMaps({TRAIN: Stats(0, 0, 0), BATCH: Stats(0, 0, 0)}, {}, {TRAIN: 5_002_000_000})
     w, _ = watch({"eth0": maps}, clock=Clock(0.0))
+    plane = edt_status.TopPlane(StatusInput(config=None, config_path=None, roots=Roots.of()))
+    plane.watch.close()
+    plane.watch = w  # edt's top plane on the faked maps
     reader = Reader(edt=("eth0",))
-    w.sample(reader)
-    top.edt_ingest(edt_acc, 0.0, w.rows())
+    edt_acc.ingest(0.0, *plane.sample(reader))
     maps.stats = {TRAIN: Stats(50_000_000, 40_000, 2), BATCH: Stats(1_250_000, 1_000, 0)}
     w.clock.t = 1.0
-    w.sample(reader)
-    backlog = top.edt_ingest(edt_acc, 1.0, w.rows())
+    edt_acc.ingest(1.0, *plane.sample(reader))
     assert {s.target.tenant for s in edt_acc.view()} == {"train", "batch"}  # "(none)" is left out, as HTB's default
-    ranked = [(s.target.tenant, p, s.target.device) for p, s in top.ranked(htb.view(), edt_acc.view())]
+    views = [top.PlaneView("htb", htb.view()), top.PlaneView("edt", edt_acc.view(), plane.backlog)]
+    ranked = [(s.target.tenant, v.name, s.target.device) for v, s in top.ranked(views)]
     assert ranked == [("batch", "edt", "eth0"), ("batch", "htb", "eth2"), ("train", "edt", "eth0")]
-    text = top.render(htb.view(), {}, 2.0, edt=edt_acc.view(), edt_backlog_ns=backlog)
+    text = top.render(views, {}, 2.0)
     lines = text.splitlines()
     assert lines[1].split()[:3] == ["TENANT", "PLANE", "DEVICE"]
     train = next(l for l in lines if l.startswith("train"))
     assert train.split()[1:4] == ["edt", "eth0", f"7368:{TRAIN:x}"] and "400Mbps" in train and "2.0ms" in train
-    doc = top.view_doc(htb.view(), {}, 2.0, edt=edt_acc.view(), edt_backlog_ns=backlog)
+    doc = top.view_doc(views, {}, 2.0)
     assert [(r["tenant"], r["plane"]) for r in doc["tenants"]] == [("batch", "edt"), ("batch", "htb"), ("train", "edt")]
     assert len({tuple(r) for r in doc["tenants"]}) == 1  # the same keys on both planes
     t = doc["tenants"][2]

@@ -23,6 +23,7 @@ from shaperd.backends.common.objects import HtbRoot
 from shaperd.backends.htb.ops import CreateRoot
 from shaperd.backends.htb import offload_probe as probe_mod
 from shaperd.core.inventory import Inventory, Link
+from shaperd.backends.htb.kernel_tc import CODEC as HTB_CODEC
 from shaperd.kernel import devlink, ethtool_features, nlmsg, rtnl_rows, tc
 from shaperd.kernel.ethtool_features import Features
 from shaperd.core.roots import Roots
@@ -41,7 +42,7 @@ def _text(name: str) -> str:
 def test_the_offloaded_root_is_byte_for_byte_what_tc_sends():
     (theirs,) = [b for b in sent(_text("add_offload.strace")) if nlmsg.HDR.unpack_from(b)[1] == RTM_NEWQDISC]
     ifindex = struct.unpack_from("=i", theirs, 20)[0]
-    ours = tc._encoder(tc.build_message(CreateRoot(device="o0", ifindex=ifindex, root=HtbRoot(offload=True))))(7)
+    ours = tc._encoder(tc.build_message(CreateRoot(device="o0", ifindex=ifindex, root=HtbRoot(offload=True)), codec=HTB_CODEC))(7)
     # tc add says NLM_F_EXCL, shaperd NLM_F_REPLACE (it replaces a default root); seq and pid aside, equal.
     t_len, t_type, t_flags = struct.unpack_from("=IHH", theirs)
     o_len, o_type, o_flags = struct.unpack_from("=IHH", ours)
@@ -49,7 +50,7 @@ def test_the_offloaded_root_is_byte_for_byte_what_tc_sends():
     assert t_flags & ~NLM_F_EXCL == o_flags & ~NLM_F_REPLACE and o_flags & NLM_F_REPLACE
     # the flag is really there: a zero-length TCA_HTB_OFFLOAD (type 9) ends the options
     assert ours.endswith(struct.pack("=HH", 4, rtnl_rows.TCA_HTB_OFFLOAD))
-    software = tc._encoder(tc.build_message(CreateRoot(device="o0", ifindex=ifindex, root=HtbRoot())))(7)
+    software = tc._encoder(tc.build_message(CreateRoot(device="o0", ifindex=ifindex, root=HtbRoot()), codec=HTB_CODEC))(7)
     assert len(software) == len(ours) - 4
 
 

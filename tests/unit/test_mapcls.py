@@ -4,7 +4,6 @@ import ipaddress
 import struct
 
 from shaperd.backends.common import mapcls
-from shaperd.backends.common.objects import DstScope
 
 n = ipaddress.ip_network
 

@@ -17,6 +17,7 @@ import struct
 import pytest
 
 from shaperd.backends.htb import ops as htb
+from shaperd.backends.htb.kernel_tc import CODEC as HTB_CODEC
 from shaperd.kernel import faults, nlmsg, nlwriter, tc
 
 ERR = struct.Struct("=i")
@@ -130,7 +131,7 @@ def _writer(k, **kw):
 
 def test_apply_without_an_answer_names_object_and_device_and_does_not_ask_for_a_replay():
     k = FakeKernel(silent_after=2)
-    res = tc.apply_ops(_writer(k, timeout_s=5, batch_messages=3), _ops(6))
+    res = tc.apply_ops(_writer(k, timeout_s=5, batch_messages=3), _ops(6), codec=HTB_CODEC)
     assert not res.batch_failed and len(res.applied) == 2
     msgs = [str(e) for _op, e in res.failed]
     assert msgs[0] == "delete class 7368:12 on up0: no answer within 5 s (1 of 3 requests unanswered)"
@@ -139,7 +140,7 @@ def test_apply_without_an_answer_names_object_and_device_and_does_not_ask_for_a_
 
 
 def test_a_refused_batch_asks_for_a_re_read_and_replay():
-    res = tc.apply_ops(_writer(FakeKernel(refuse={1: errno.EPERM})), _ops(3))
+    res = tc.apply_ops(_writer(FakeKernel(refuse={1: errno.EPERM})), _ops(3), codec=HTB_CODEC)
     assert res.batch_failed and not res.applied
 
 
@@ -147,7 +148,7 @@ def test_a_refused_batch_asks_for_a_re_read_and_replay():
 def test_one_by_one_retries_a_transient_refusal_with_backoff(code):
     pauses = []
     k = FakeKernel(refuse={0: code, 1: code})
-    res = tc.apply_ops(_writer(k), _ops(1), batch=False, sleep=pauses.append)
+    res = tc.apply_ops(_writer(k), _ops(1), batch=False, sleep=pauses.append, codec=HTB_CODEC)
     assert res.applied == _ops(1) and not res.failed
     assert pauses == list(tc.RETRY_BACKOFF_S[:2]) and len(k.received) == 3
 
@@ -157,7 +158,7 @@ def test_one_by_one_does_not_retry_a_permanent_refusal(code):
     pauses = []
     k = FakeKernel(refuse={0: code})
     ops = _ops(2)
-    res = tc.apply_ops(_writer(k), ops, batch=False, sleep=pauses.append)
+    res = tc.apply_ops(_writer(k), ops, batch=False, sleep=pauses.append, codec=HTB_CODEC)
     assert pauses == [] and res.applied == ops[1:]
     (op, err), = res.failed
     assert str(err) == f"delete class 7368:10 on up0: {os.strerror(code)}"
@@ -172,7 +173,7 @@ def test_one_by_one_gives_up_on_the_device_at_its_budget():
     w = _writer(k, clock=lambda: now[0])
     w.device_budget_s = 0.5
     ops = _ops(5)
-    res = tc.apply_ops(w, ops, batch=False)
+    res = tc.apply_ops(w, ops, batch=False, codec=HTB_CODEC)
     assert res.applied == ops[:2]
     causes = [e.cause for _op, e in res.failed]
     assert causes[0] == "no answer before the device's deadline (1 of 1 requests unanswered)"
@@ -187,7 +188,7 @@ def test_fault_plan_refuses_on_one_device_only_and_is_off_by_default():
     k = FakeKernel()
     other = [htb.DeleteClass(device="up1", ifindex=4, classid=0x73680010)]
     with faults.installed(plan):
-        res = tc.apply_ops(_writer(k), _ops(1) + other, batch=False)
+        res = tc.apply_ops(_writer(k), _ops(1) + other, batch=False, codec=HTB_CODEC)
     assert faults.ACTIVE is None
     assert res.applied == other and res.failed[0][1].errno == errno.EPERM
     assert "injected" in str(res.failed[0][1]) and len(k.received) == 1  # the refused write never reached the kernel

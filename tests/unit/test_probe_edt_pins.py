@@ -11,6 +11,7 @@ from shaperd.core.dataplane import edt_missing
 from shaperd.kernel import bpf
 from shaperd.backends.common import kernel_classifier as bpf_classify
 from shaperd.backends.edt import kernel_stamper as edt_prog
+from shaperd.engine import probe as engine_probe
 from shaperd.kernel import probe
 from shaperd.core.roots import Roots
 
@@ -26,9 +27,9 @@ def _empty(tmp_path) -> Roots:
 def test_edt_without_a_probe_namespace_needs_the_stampers_pins(monkeypatch, tmp_path, classifier, stamper, edt):
     monkeypatch.delenv("SHAPERD_CLASSIFIER", raising=False)
     monkeypatch.setattr(bpf, "bpf_supported", lambda: (True, ""))
-    monkeypatch.setattr(bpf_classify, "probe_load", lambda root: (classifier, "why"))
-    monkeypatch.setattr(edt_prog, "probe_load", lambda root: stamper)
-    caps = probe._assumed("capability probe skipped (EPERM)", str(tmp_path), str(tmp_path), _empty(tmp_path))
+    monkeypatch.setattr(bpf_classify, "probe_load", lambda root, read_only=False: (classifier, "why"))
+    monkeypatch.setattr(edt_prog, "probe_load", lambda root, read_only=False: stamper)
+    caps = probe._assumed("capability probe skipped (EPERM)", str(tmp_path), str(tmp_path), _empty(tmp_path), checks=engine_probe.program_checks())
     assert (caps.fq, caps.mq) == (edt, edt)
     # edt also needs the map classifier (select.edt_missing): sch_fq/mq follow the stamper, the offer both.
     assert (edt_missing(caps) == []) is (edt and classifier != "")
@@ -38,7 +39,7 @@ def test_edt_without_a_probe_namespace_needs_the_stampers_pins(monkeypatch, tmp_
 
 def test_no_bpf_means_no_edt_even_with_pins(monkeypatch, tmp_path):
     monkeypatch.setattr(bpf, "bpf_supported", lambda: (False, "EPERM"))
-    monkeypatch.setattr(bpf_classify, "probe_load", lambda root: ("pins", "why"))
-    monkeypatch.setattr(edt_prog, "probe_load", lambda root: pytest.fail("no stamper without bpf()"))
-    caps = probe._assumed("skipped", str(tmp_path), str(tmp_path), _empty(tmp_path))
+    monkeypatch.setattr(bpf_classify, "probe_load", lambda root, read_only=False: ("pins", "why"))
+    monkeypatch.setattr(edt_prog, "probe_load", lambda root, read_only=False: pytest.fail("no stamper without bpf()"))
+    caps = probe._assumed("skipped", str(tmp_path), str(tmp_path), _empty(tmp_path), checks=engine_probe.program_checks())
     assert not caps.fq and "cls_bpf/bpf() unavailable" in edt_missing(caps)

@@ -21,6 +21,7 @@ from shaperd.backends.devlink.backend import DevlinkSnapshot, NodeRates
 from shaperd.backends.dcb import metrics as dcb_metrics
 from shaperd.backends.devlink import metrics as devlink_metrics
 from shaperd.backends.vfrate import metrics as vfrate_metrics
+from shaperd.report.degraded import Blocked, Degraded
 
 from .test_dcb_plan import TWO, FakeDcb, _ctx, _reconcile, cfg_text, inventory
 from .test_rdma_metrics import setup_metrics
@@ -50,7 +51,8 @@ def full_exposition(tmp_path, rig) -> str:  # noqa: F811
     m, _node, _rs = setup_metrics(tmp_path / "rdma")
     m.config_loaded(True, config.load_text("tenants: [{name: a, bandwidthGuarantee: 1Gbps, priority: 1}]"))
     m.config_loaded(False)
-    m.reconciled(0.01, {"plan"}, ok=True, drift=False, endpoints={"a": {"cidr": 1, "interface": 0}})
+    m.reconciled(0.01, {"plan"}, ok=True, drift=False, endpoints={"a": {"cidr": 1, "interface": 0}},
+                 degraded=Degraded(blocked=(Blocked("htb", "eth1", "root qdisc tbf 1: is not shaperd's; left alone"),)))
     m.kubernetes(True, None, {"a": 2})
     pf = "pci/0000:3b:00.0"
 
@@ -83,7 +85,7 @@ def test_the_exposition_has_every_collector_and_promtool_finds_nothing(tmp_path,
     for n in ("shaperd_tenant_transmit_rate_bytes_per_second", "shaperd_tenant_rdma_transmit_wait",
               "shaperd_tenant_devlink_rate_configured_bytes_per_second",
               "shaperd_tenant_vf_configured_rate_bytes_per_second", "shaperd_tenant_dcb_share_ratio",
-              "shaperd_htb_offload", "shaperd_classifier_info", "process_resident_memory_bytes", "process_start_time_seconds", "python_info"):
+              "shaperd_htb_offload", "shaperd_classifier_info", "shaperd_degraded_targets", "process_resident_memory_bytes", "process_start_time_seconds", "python_info"):
         assert n in names, n
     r = run(["check", "metrics"], stdin=text)
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr

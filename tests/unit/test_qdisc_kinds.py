@@ -13,6 +13,7 @@ from shaperd.core.inventory import Link
 from shaperd.kernel import bpf
 from shaperd.backends.common import kernel_classifier as bpf_classify
 from shaperd.backends.edt import kernel_stamper as edt_prog
+from shaperd.engine import probe as engine_probe
 from shaperd.kernel import probe
 from shaperd.kernel.qdisc_kinds import ABSENT, PRESENT, UNKNOWN, evidence_all
 from shaperd.core.roots import Roots
@@ -112,9 +113,9 @@ def test_no_evidence_is_unknown_not_absent(tmp_path):
 def _assumed(monkeypatch, roots):
     monkeypatch.delenv("SHAPERD_CLASSIFIER", raising=False)
     monkeypatch.setattr(bpf, "bpf_supported", lambda: (True, ""))
-    monkeypatch.setattr(bpf_classify, "probe_load", lambda root: ("pins", "through bpffs pins under /x"))
-    monkeypatch.setattr(edt_prog, "probe_load", lambda root: (True, "adopted through bpffs pins under /x"))
-    return probe._assumed("capability probe skipped (EPERM)", str(roots.proc), "/x", roots)
+    monkeypatch.setattr(bpf_classify, "probe_load", lambda root, read_only=False: ("pins", "through bpffs pins under /x"))
+    monkeypatch.setattr(edt_prog, "probe_load", lambda root, read_only=False: (True, "adopted through bpffs pins under /x"))
+    return probe._assumed("capability probe skipped (EPERM)", str(roots.proc), "/x", roots, checks=engine_probe.program_checks())
 
 
 CFG = load_text("""node:
@@ -193,12 +194,13 @@ def test_no_answer_keeps_unknown_and_says_what_the_kernel_answered(monkeypatch, 
 
 def test_the_cli_flags_point_the_evidence_at_other_trees(tmp_path):
     from shaperd.cli import main as cli
+    from shaperd.cli import node
 
     r = tree(tmp_path, builtin=[], dep=["kernel/net/sched/sch_fq.ko:"])
     args = cli.build_parser().parse_args(["plan", "--procfs-root", str(r.proc), "--sysfs-root", str(r.sys),
                                           "--modules-root", str(r.modules), "--boot-root", str(r.boot)])
-    roots = cli._roots(args)
+    roots = node.roots(args)
     assert (roots.modules, roots.boot) == (r.modules, r.boot)
     assert evidence_all(roots)["sch_fq"].state == PRESENT  # read from the fixture's modules.dep, not the host's
-    defaults = cli._roots(cli.build_parser().parse_args(["plan"]))
+    defaults = node.roots(cli.build_parser().parse_args(["plan"]))
     assert (str(defaults.modules), str(defaults.boot)) == ("/lib/modules", "/boot")

@@ -1,6 +1,6 @@
 """The OpenSM QoS renderer: SL -> VL, the arbitration tables and their weights, and OpenSM's limits.
 
-Golden cases pin the mapping the README documents; property tests check the
+Golden cases pin the mapping docs/rdma.md documents; property tests check the
 invariants for any tenants file: every weight 1-255, in proportion to the
 guarantees, SL2VL 16 data VLs and never VL15, every mapped VL served by an
 arbitration table, the output accepted by validate(), and independent of

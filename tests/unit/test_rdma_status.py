@@ -153,7 +153,7 @@ def test_status_and_top_show_rdma_ports_beside_the_tc_classes(node, tmp_path):
     rows = {(r["device"], r["port"]): r for r in rdma_view.tenant_rows(w.view())}
     assert rows[("mlx5_1", 1)]["path"] == "rdma" and rows[("mlx5_1", 1)]["rate_bps"] == 1000 * 8
     assert rows[("mlx5_3", 1)]["readable"] is False and "bytes" not in rows[("mlx5_3", 1)]
-    text = top.render((), {}, 2.0, rdma=w.view())
+    text = top.render([], {}, 2.0, rdma=w.view())
     line = next(l for l in text.splitlines() if " mlx5_1 " in f" {l} ")
     assert "RDMA ports" in text and line.split()[:5] == ["tenant-a", "mlx5_1", "1", "InfiniBand", "8Kbps"]
     assert next(l for l in text.splitlines() if "mlx5_3" in l).split()[4:] == ["-", "-", "-", "-", "-"]

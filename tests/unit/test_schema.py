@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from shaperd.core import config
+from shaperd.core.config import validate
 from shaperd.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ def test_schema_and_loader_both_reject(doc):
 def test_schema_names_every_key_the_loader_accepts():
     props = SCHEMA["properties"]
     tenant = props["tenants"]["items"]["properties"]
-    assert set(props) == config._TOP_KEYS
-    assert set(props["node"]["properties"]) == config._NODE_KEYS
-    assert set(tenant) == config._TENANT_KEYS
-    assert set(tenant["match"]["properties"]) == config._MATCH_KEYS
+    assert set(props) == validate._TOP_KEYS
+    assert set(props["node"]["properties"]) == validate._NODE_KEYS
+    assert set(tenant) == validate._TENANT_KEYS
+    assert set(tenant["match"]["properties"]) == validate._MATCH_KEYS

@@ -68,6 +68,8 @@ def test_reload_and_stop_messages(receiver):
     path, s = receiver
     n = Notifier({"NOTIFY_SOCKET": path}, pid=42)
     assert n.watchdog_s is None
+    n.loop_pass(healthy=True, status="2 tenants")
+    assert drain(s)[0]["READY"] == "1"
     n.reloading()
     n.reloaded("3 tenants")
     n.stopping()
@@ -105,3 +107,26 @@ def test_a_vanished_socket_is_logged_once_and_never_raises(tmp_path):
     n.loop_pass(healthy=True)
     n.stopping()
     n.close()
+
+
+def test_not_ready_until_the_caller_says_so_and_until_then_status_says_what_it_waits_for(receiver):
+    path, s = receiver
+    clock = Clock()
+    n = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "4000000"}, pid=42, clock=clock)
+    n.status("waiting for the first reconcile: reading the node")
+    n.loop_pass(healthy=True, status="waiting for the first reconcile: reading the node", ready=False)
+    # the same status is not sent twice; the watchdog is fed while starting (systemd ignores it until READY=1)
+    assert drain(s) == [{"STATUS": "waiting for the first reconcile: reading the node"}, {"WATCHDOG": "1"}]
+    assert not n.ready
+    n.reloading()  # SIGHUP while starting: no RELOADING=1, and the reload's end is no READY=1
+    n.reloaded("waiting for the first reconcile: the first pod list from the API server")
+    assert drain(s) == [{"STATUS": "reloading the tenants file"},
+                        {"STATUS": "waiting for the first reconcile: the first pod list from the API server"}]
+    clock.t += 2.0
+    n.loop_pass(healthy=True, status="1 tenants, 1 reconciles, in sync", ready=True)
+    msgs = drain(s)
+    assert msgs[0]["READY"] == "1" and msgs[0]["STATUS"] == "1 tenants, 1 reconciles, in sync" and n.ready
+    assert msgs[1:] == [{"WATCHDOG": "1"}]
+    n.loop_pass(healthy=True, status="1 tenants, 2 reconciles, degraded: 1 target not enforced (x)", ready=True)
+    assert drain(s) == [{"STATUS": "1 tenants, 2 reconciles, degraded: 1 target not enforced (x)"}]  # no 2nd READY
+

@@ -16,7 +16,6 @@ import structlog
 from shaperd.core import config
 from shaperd.core.errors import KernelError
 from shaperd.kernel import devlink as nl
-from shaperd.report import nic_status
 from shaperd.core.roots import Roots
 
 from ..rdma_fixture import Node
@@ -35,6 +34,37 @@ def _logging_restored():
 def roots(tmp_path):
     node = Node(tmp_path).build()
     return Roots.of(sys=str(node.sys), proc=str(tmp_path / "proc"), run=str(tmp_path / "run"))
+
+
+class nic_status:
+    """The three NIC backends' status sections (their spec's ``status``), collected as ``shaperd status`` does."""
+
+    @staticmethod
+    def collect(cfg, roots, reader, *, netns=None, vf_kernel=None, open_devlink=None, dcb_client=None) -> dict:
+        from shaperd.backends.dcb import status as dcb_status
+        from shaperd.backends.devlink import status as devlink_status
+        from shaperd.backends.vfrate import status as vf_status
+        from shaperd.core.protocol import StatusInput
+        from shaperd.engine.reconciler import diff_one
+        from shaperd.report import status
+
+        if cfg is None:
+            return {}
+        inp = StatusInput(config=cfg, config_path=None, roots=roots, netns=netns, diff_one=diff_one)
+        out: dict = {}
+        for sec in (vf_status.Section(inp, vf_kernel), devlink_status.Section(inp, open_devlink),
+                    dcb_status.Section(inp, dcb_client)):
+            out.update(status._collect(sec, reader))
+        return out
+
+    @staticmethod
+    def render(out: dict) -> str:
+        from shaperd.backends.dcb import status as dcb_status
+        from shaperd.backends.devlink import status as devlink_status
+        from shaperd.backends.vfrate import status as vf_status
+
+        return "\n\n".join("\n".join(m.render(out[m.KEY])) for m in (vf_status, devlink_status, dcb_status)
+                            if m.KEY in out)
 
 
 class NoFamily:
@@ -142,19 +172,26 @@ def test_status_prints_the_sections_after_the_classes_and_rdma_ports_and_in_its_
                                                                                       capsys):
     from shaperd.cli import main as cli
     from shaperd.kernel import rtnl
-    from shaperd.report import status
 
-    collect = nic_status.collect
+    from shaperd.backends.dcb import status as dcb_status
+    from shaperd.backends.devlink import status as devlink_status
+    from shaperd.backends.htb import status as htb_status
+    from shaperd.backends.vfrate import status as vf_status
+
     monkeypatch.setattr(rtnl, "RtnlReader", lambda netns=None, **kw: Reader())
-    monkeypatch.setattr(status, "sample", lambda reader: {})  # no tc class: the table's empty line
-    from shaperd.backends.common import classifier_status
+    from shaperd.cli import status as cli_status
+
+    monkeypatch.setattr(cli_status, "_status_degraded", lambda args: None)  # no plan and diff of the host's kernel
+    monkeypatch.setattr(htb_status, "sample", lambda reader: {})  # no tc class: the table's empty line
+    from shaperd.backends.htb import classifier_status
 
     monkeypatch.setattr(classifier_status, "collect", lambda reader: {})  # no shaperd HTB root: no section
     from shaperd.backends.edt import status as edt_status
 
     monkeypatch.setattr(edt_status, "devices", lambda reader: [])  # no edt root: no section, no key
-    monkeypatch.setattr(nic_status, "collect", lambda cfg, r, reader, netns=None: collect(
-        cfg, r, reader, vf_kernel=FakeNic("mlx5"), open_devlink=NoFamily, dcb_client=FakeDcb(["ens1f0"])))
+    monkeypatch.setattr(vf_status, "sections", lambda inp: [vf_status.Section(inp, FakeNic("mlx5"))])
+    monkeypatch.setattr(devlink_status, "sections", lambda inp: [devlink_status.Section(inp, NoFamily)])
+    monkeypatch.setattr(dcb_status, "sections", lambda inp: [dcb_status.Section(inp, FakeDcb(["ens1f0"]))])
     cfg = tmp_path / "t.yaml"
     cfg.write_text(CFG)
     argv = ["status", "--config", str(cfg), "--sysfs-root", str(roots.sys), "--run-root", str(roots.run),

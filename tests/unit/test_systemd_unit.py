@@ -73,6 +73,11 @@ def test_installed_into_a_temporary_tree_the_unit_verifies_and_its_command_runs(
     v = run(["systemd-analyze", "verify", "--man=no", str(units / "shaperd.service")])
     problems = [l for l in (v.stdout + v.stderr).splitlines() if "shaperd.service" in l]
     assert v.returncode == 0 and not problems, v.stdout + v.stderr
+    # The pages Documentation= names were installed with it, and so are the docs the README links.
+    docs = next(l for l in unit.splitlines() if l.startswith("Documentation=")).split("=", 1)[1].split()
+    assert docs and all(u.startswith("file://") and Path(u[len("file://"):]).is_file() for u in docs), docs
+    for page in ("operations.md", "configuration.md", "design.md"):
+        assert (prefix / "share" / "doc" / "shaperd" / "docs" / page).is_file(), page
     # A re-run is an upgrade: the old venv is kept for --rollback, the tenants file is not touched.
     (conf / "traffic-shaping.yaml").write_text((conf / "traffic-shaping.yaml").read_text() + "# mine\n")
     r = run(args, timeout_s=600)

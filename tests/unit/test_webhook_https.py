@@ -308,3 +308,27 @@ def _listening_port(proc, deadline: float) -> int:
             if ev.get("event") == "listening":
                 return int(ev["address"].rsplit(":", 1)[1])
     raise AssertionError(f"no 'listening' line from the webhook: {buf.decode(errors='replace')}")
+
+
+def test_a_failed_handshake_is_one_log_line_and_the_next_client_is_served(pki, cfg):
+    _, secret, cafile = pki
+    with serving(secret.path, cfg) as srv, capture_logs() as logs:
+        plain = http.client.HTTPConnection("127.0.0.1", srv.address[1], timeout=TIMEOUT_S)
+        try:
+            with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
+                plain.request("GET", "/healthz")
+                plain.getresponse()
+        finally:
+            plain.close()
+        deadline = time.monotonic() + TIMEOUT_S  # the server logs on the connection's thread
+        while not any(e["event"] == "connection failed" for e in logs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        conn = client(srv, cafile)
+        try:
+            conn.request("GET", "/healthz")
+            r = conn.getresponse()
+            assert (r.status, r.read()) == (200, b"ok\n")
+        finally:
+            conn.close()
+    failed = [e for e in logs if e["event"] == "connection failed"]
+    assert [e["client"] for e in failed] == ["127.0.0.1"] and failed[0]["error"].startswith("SSLError: ")

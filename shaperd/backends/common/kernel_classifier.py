@@ -32,14 +32,13 @@ from pyroute2.netlink.rtnl import RTM_DELTFILTER, RTM_NEWQDISC, RTM_NEWTFILTER
 
 from shaperd.core.protocol import ApplyResult, Operation
 from shaperd.backends.common import mapcls
+from shaperd.backends.common.clsact import CLSACT_HANDLE, TC_H_CLSACT
+from shaperd.backends.common.clsact import TC_H_EGRESS_PARENT as TC_H_CLSACT_EGRESS
 from shaperd.backends.common.mapcls import MAP_SHAPES, ROLES, MapClassifier, ObservedMapClassifier
 from shaperd.core.errors import KernelError
 from shaperd.kernel import bpf, bpf_maps, bpf_pins
-from shaperd.kernel.tc import _msg as _tcmsg  # one tcmsg builder for every hand-built tc request
+from shaperd.kernel.tc import msg as _tcmsg  # one tcmsg builder for every hand-built tc request
 
-TC_H_CLSACT = 0xFFFFFFF1
-CLSACT_HANDLE = 0xFFFF0000
-TC_H_CLSACT_EGRESS = 0xFFFFFFF3
 ETH_P_ALL = 0x0003
 _MAP_TYPES = {"hash": bpf_maps.MAP_HASH, "array": bpf_maps.MAP_ARRAY, "lpm_trie": bpf_maps.MAP_LPM_TRIE}
 _MAP_NAMES = {r: f"shpd_{r}" for r in ROLES}
@@ -108,52 +107,85 @@ def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
     BPF) the 6.1 verifier saves a bounded u32 written at an 8-aligned offset as a spilled register and
     then refuses any narrower write into that slot ("attempt to corrupt spilled pointer on stack"), so
     the program did not load there at all.
+
+    The stages run in this order; the first that finds a tenant jumps to "dst" (or "dst4"/"dst6" when
+    the packet's family is already known), a miss falls through to the next stage.
     """
-    a = _Asm()
+    a = _ClassifierAsm(fds)
+    _prologue(a)
+    _by_ingress_ifindex(a)  # 1
+    _by_cgroup_ancestors(a)  # 2
+    _by_mark(a, mark_mask)  # 3
+    _by_source_prefix(a)  # 4
+    _by_destination_scope(a)  # 5
+    _verdict(a)
+    return a.code()
 
-    def lookup(role: str, key_off: int, miss: str) -> None:
-        a.i(_MOV64X, 2, 10)
-        a.i(_ADD64K, 2, 0, 0, key_off)
-        a.raw(bpf_maps.ld_map_fd(1, fds[role]))
-        a.i(_CALL, imm=_FN_MAP_LOOKUP)
-        a.jmp(_JEQK, 0, miss, 0)
 
-    def slot(off: int, lo: int | None, hi: int | None) -> None:
+class _ClassifierAsm(_Asm):
+    """The assembler with the classifier's idioms: map lookups, stack keys, packet bounds."""
+
+    def __init__(self, fds: dict[str, int]):
+        super().__init__()
+        self.fds = fds
+
+    def lookup(self, role: str, key_off: int, miss: str) -> None:
+        """r0 = the ``role`` map's value for the key at fp+key_off; a miss jumps to ``miss``."""
+        self.i(_MOV64X, 2, 10)
+        self.i(_ADD64K, 2, 0, 0, key_off)
+        self.raw(bpf_maps.ld_map_fd(1, self.fds[role]))
+        self.i(_CALL, imm=_FN_MAP_LOOKUP)
+        self.jmp(_JEQK, 0, miss, 0)
+
+    def found(self, then: str) -> None:
+        """r7 = the classid in the value just looked up; go on at ``then``."""
+        self.i(_LDXW, 7, 0, 0)
+        self.jmp(_JA, 0, then)
+
+    def slot(self, off: int, lo: int | None, hi: int | None) -> None:
         """fp[off..off+8) = lo | hi << 32: lo, hi registers holding u32 values (None: 0). Clobbers r4, r5."""
         if lo is None:
-            a.i(_MOV32K, 4, 0, 0, 0)
+            self.i(_MOV32K, 4, 0, 0, 0)
         elif lo != 4:
-            a.i(_MOV64X, 4, lo)
+            self.i(_MOV64X, 4, lo)
         if hi is not None:
             if hi != 5:
-                a.i(_MOV64X, 5, hi)
-            a.i(_LSH64K, 5, 0, 0, 32)
-            a.i(_OR64X, 4, 5)
-        a.i(_STXDW, 10, 4, off)
+                self.i(_MOV64X, 5, hi)
+            self.i(_LSH64K, 5, 0, 0, 32)
+            self.i(_OR64X, 4, 5)
+        self.i(_STXDW, 10, 4, off)
 
-    def packet(min_len: int, miss: str) -> None:
-        a.i(_LDXW, 2, 6, _SKB_DATA)
-        a.i(_LDXW, 3, 6, _SKB_DATA_END)
-        a.i(_MOV64X, 4, 2)
-        a.i(_ADD64K, 4, 0, 0, min_len)
-        a.jmp(_JGTX, 4, miss, src=3)
+    def packet(self, min_len: int, miss: str) -> None:
+        """r2 = skb->data, r3 = skb->data_end; jump to ``miss`` unless ``min_len`` bytes are there."""
+        self.i(_LDXW, 2, 6, _SKB_DATA)
+        self.i(_LDXW, 3, 6, _SKB_DATA_END)
+        self.i(_MOV64X, 4, 2)
+        self.i(_ADD64K, 4, 0, 0, min_len)
+        self.jmp(_JGTX, 4, miss, src=3)
 
+
+def _prologue(a: _ClassifierAsm) -> None:
     a.i(_MOV64X, 6, 1)
     a.i(_MOV32K, 7, 0, 0, 0)
     a.i(_LDXW, 8, 6, _SKB_PROTOCOL)
-    # 1. ingress interface
+
+
+def _by_ingress_ifindex(a: _ClassifierAsm) -> None:
+    """1. the interface the packet came in on (a pod's veth)."""
     a.i(_LDXW, 2, 6, _SKB_INGRESS_IFINDEX)
-    slot(-8, 2, None)
-    lookup("ifindex", -8, "cg0")
-    a.i(_LDXW, 7, 0, 0)
-    a.jmp(_JA, 0, "dst")
-    # 2. cgroup ancestors at the configured levels
+    a.slot(-8, 2, None)
+    a.lookup("ifindex", -8, "cg0")
+    a.found("dst")
+
+
+def _by_cgroup_ancestors(a: _ClassifierAsm) -> None:
+    """2. the socket's cgroup ancestors at the configured levels (labels cg0..cgN)."""
     for n in range(mapcls.CGROUP_LEVELS_MAX):
         a.label(f"cg{n}")
         nxt = f"cg{n + 1}" if n + 1 < mapcls.CGROUP_LEVELS_MAX else "mark"
         a.i(_MOV32K, 4, 0, 0, n)
-        slot(-8, 4, None)
-        lookup("cglevels", -8, "mark")
+        a.slot(-8, 4, None)
+        a.lookup("cglevels", -8, "mark")
         a.i(_LDXW, 2, 0, 0)
         a.jmp(_JEQ32K, 2, "mark", 0)  # levels are packed from slot 0: an empty slot ends the list
         a.i(_ADD32K, 2, 0, 0, -1)
@@ -161,72 +193,80 @@ def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
         a.i(_CALL, imm=_FN_ANCESTOR_CGROUP_ID)
         a.jmp(_JEQK, 0, nxt, 0)  # no socket (forwarded) or not that deep
         a.i(_STXDW, 10, 0, -16)
-        lookup("cgroup", -16, nxt)
-        a.i(_LDXW, 7, 0, 0)
-        a.jmp(_JA, 0, "dst")
-    # 3. mark under the node's mask
+        a.lookup("cgroup", -16, nxt)
+        a.found("dst")
+
+
+def _by_mark(a: _ClassifierAsm, mark_mask: int) -> None:
+    """3. the packet mark under the node's mask (a zero mark is no mark)."""
     a.label("mark")
     a.i(_LDXW, 2, 6, _SKB_MARK)
     a.i(_AND32K, 2, 0, 0, mark_mask)
     a.jmp(_JEQ32K, 2, "src", 0)
-    slot(-8, 2, None)
-    lookup("mark", -8, "src")
-    a.i(_LDXW, 7, 0, 0)
-    a.jmp(_JA, 0, "dst")
-    # 4. source prefix, longest wins (LPM)
+    a.slot(-8, 2, None)
+    a.lookup("mark", -8, "src")
+    a.found("dst")
+
+
+def _by_source_prefix(a: _ClassifierAsm) -> None:
+    """4. the source address, longest prefix wins (LPM); neither IPv4 nor IPv6, or no match: "out"."""
     a.label("src")
     a.jmp(_JEQ32K, 8, "src4", _ETH_P_IP_BE)
     a.jmp(_JEQ32K, 8, "src6", _ETH_P_IPV6_BE)
     a.jmp(_JA, 0, "out")
     a.label("src4")
-    packet(14 + 20, "out")
+    a.packet(14 + 20, "out")
     a.i(_LDXW, 5, 2, 14 + 12)  # {prefixlen 32, saddr}
     a.i(_MOV32K, 4, 0, 0, 32)
-    slot(-32, 4, 5)
-    lookup("src4", -32, "out")
-    a.i(_LDXW, 7, 0, 0)
-    a.jmp(_JA, 0, "dst4")
+    a.slot(-32, 4, 5)
+    a.lookup("src4", -32, "out")
+    a.found("dst4")
     a.label("src6")
-    packet(14 + 40, "out")
+    a.packet(14 + 40, "out")
     # {prefixlen 128, saddr w0..w3}: slots fp-32 (128, w0), fp-24 (w1, w2), fp-16 (w3, 0)
     a.i(_MOV32K, 4, 0, 0, 128)
     a.i(_LDXW, 5, 2, 14 + 8)
-    slot(-32, 4, 5)
+    a.slot(-32, 4, 5)
     a.i(_LDXW, 4, 2, 14 + 12)
     a.i(_LDXW, 5, 2, 14 + 16)
-    slot(-24, 4, 5)
+    a.slot(-24, 4, 5)
     a.i(_LDXW, 4, 2, 14 + 20)
-    slot(-16, 4, None)
-    lookup("src6", -32, "out")
-    a.i(_LDXW, 7, 0, 0)
-    a.jmp(_JA, 0, "dst6")
-    # 5. destination scope of the tenant found
+    a.slot(-16, 4, None)
+    a.lookup("src6", -32, "out")
+    a.found("dst6")
+
+
+def _by_destination_scope(a: _ClassifierAsm) -> None:
+    """5. the destination scope of the tenant found: {prefixlen, classid, daddr} may pick another class."""
     a.label("dst")
     a.jmp(_JEQ32K, 8, "dst4", _ETH_P_IP_BE)
     a.jmp(_JEQ32K, 8, "dst6", _ETH_P_IPV6_BE)
     a.jmp(_JA, 0, "write")
     for fam, alen, daddr in (("dst4", 4, 14 + 16), ("dst6", 16, 14 + 24)):
         a.label(fam)
-        packet(14 + (20 if alen == 4 else 40), "write")
+        a.packet(14 + (20 if alen == 4 else 40), "write")
         # {prefixlen, classid (big-endian), daddr}: fp-40 (prefixlen, classid), then the address words
         for w in range(0, alen // 4, 2):
             a.i(_LDXW, 4, 2, daddr + 4 * w)
             if w + 1 < alen // 4:
                 a.i(_LDXW, 5, 2, daddr + 4 * (w + 1))
-            slot(-32 + 4 * w, 4, 5 if w + 1 < alen // 4 else None)
+            a.slot(-32 + 4 * w, 4, 5 if w + 1 < alen // 4 else None)
         a.i(_MOV32X, 5, 7)
         a.i(_BE, 5, 0, 0, 32)
         a.i(_MOV32K, 4, 0, 0, 32 + 8 * alen)
-        slot(-40, 4, 5)
-        lookup(fam, -40, "write")
-        a.i(_LDXW, 7, 0, 0)
-        a.jmp(_JA, 0, "write")
+        a.slot(-40, 4, 5)
+        a.lookup(fam, -40, "write")
+        a.found("write")
+
+
+def _verdict(a: _ClassifierAsm) -> None:
+    """skb->priority = the classid found (label "write"), then TC_ACT_UNSPEC (label "out", where a packet
+    that matched nothing goes unchanged)."""
     a.label("write")
     a.i(_STXW, 6, 7, _SKB_PRIORITY)
     a.label("out")
     a.i(_MOV32K, 0, 0, 0, bpf.TC_ACT_UNSPEC)
     a.i(_EXIT)
-    return a.code()
 
 
 # --------------------------------------------------------------------- maps
@@ -414,14 +454,15 @@ def apply_ops(ipr, ops: list[Operation], pins: bpf_pins.PinStore | None = None) 
 ADOPT_PINS, ADOPT_ID = "pins", "id"
 
 
-def probe_load(pin_root: str | None = None) -> tuple[str, str]:
+def probe_load(pin_root: str | None = None, read_only: bool = False) -> tuple[str, str]:
     """Without a probe device: create the maps, load the program and get them back as a later
     reconcile adopts them; attach nothing (clsact and a tc filter are NET_ADMIN's).
 
     Returns (how, reason): how is "pins" when pinning under ``pin_root`` and reopening the pins
     works (CAP_BPF and the directory's permissions), else "id" when reading the maps back by id
     works (BPF_*_GET_FD_BY_ID need CAP_SYS_ADMIN), else "" (a classifier that cannot be adopted
-    would be reinstalled on every reconcile: the u32 path instead). reason says why not pins/id."""
+    would be reinstalled on every reconcile: the u32 path instead). reason says why not pins/id.
+    ``read_only``: pin nothing; whether pinning would work is checked instead (bpf_pins.pinnable)."""
     want, _ = mapcls.build(0xFFFFFFFF, {}, (), {}, {})
     try:
         with ClassifierMaps.create() as maps:
@@ -430,9 +471,11 @@ def probe_load(pin_root: str | None = None) -> tuple[str, str]:
                 prog_id = bpf_maps.prog_info(fd).id
                 pin_why = "no bpffs root configured"
                 if pin_root:
-                    ok, pin_why = _probe_pins(pin_root, fd, maps, prog_id)
+                    ok, pin_why = (bpf_pins.pinnable(pin_root) if read_only
+                                   else _probe_pins(pin_root, fd, maps, prog_id))
                     if ok:
-                        return ADOPT_PINS, f"bpffs pins under {pin_root}"
+                        return ADOPT_PINS, f"bpffs pins under {pin_root}" + (" (checked, none made)" if read_only
+                                                                            else "")
                 try:
                     with ClassifierMaps.adopt(prog_id):  # while fd holds the program alive
                         pass

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from shaperd.core.protocol import Operation, TargetDiff
+from shaperd.backends.common import clsact
 from shaperd.backends.common.objects import DstScope
 
 # Bump when the program's semantics change: the name changes, so a running
@@ -71,6 +72,12 @@ def program_name(mark_mask: int) -> str:
 
 def is_ours(name: str) -> bool:
     return len(name) == 15 and name.startswith("shpd_c")
+
+
+def owns_clsact_filter(row) -> bool:
+    """A clsact filter row (rtnl_rows.FilterRow) is shaperd's map classifier: egress, its prio, handle and name."""
+    return (row.parent == clsact.EGRESS and row.kind == "bpf" and row.prio == PRIO_EGRESS_CLASSIFY
+            and row.handle == HANDLE_EGRESS_CLASSIFY and is_ours(row.name))
 
 
 def value(classid: int) -> bytes:

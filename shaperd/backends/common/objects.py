@@ -1,4 +1,4 @@
-"""The HTB backend's objects, as plain data: root qdisc, classes, leaf queues, filters.
+"""The tc object model the tc backends share, as plain data: root qdisc, classes, leaf queues, filters.
 
 Desired state (from the planner) and observed state (from the kernel reader)
 are described with the same types, so the diff compares like with like, field
@@ -14,15 +14,12 @@ from typing import NamedTuple
 
 from shaperd.core import units
 
-# Root qdisc handle major: "sh" in ASCII. Fixed, so ownership is recognisable
-# from a dump alone and a restarted agent adopts its own tree.
-HANDLE_MAJOR = 0x7368
+# The handle major and the tenant minor range are identity (core/ids.py): the config's limits need them too.
+from shaperd.core.ids import HANDLE_MAJOR, TENANT_MINOR_FIRST, TENANT_MINOR_LAST  # noqa: E402,F401
+
 ROOT_HANDLE = HANDLE_MAJOR << 16
 ROOT_CLASS_MINOR = 0x1
 DEFAULT_CLASS_MINOR = 0x2
-# Tenant minors are derived from the tenant name inside this range.
-TENANT_MINOR_FIRST = 0x10
-TENANT_MINOR_LAST = 0xFFF0
 
 ETH_P_IP = 0x0800
 ETH_P_IPV6 = 0x86DD

@@ -36,6 +36,7 @@ class DcbObserved:
     states: dict = field(default_factory=dict)  # netdev -> kernel.dcb.DcbState
     errors: dict[str, str] = field(default_factory=dict)  # netdev -> why it could not be read
     stuck: dict[str, tuple] = field(default_factory=dict)  # netdev -> (plan key, kinds that did not stick)
+    no_dcb: set[str] = field(default_factory=set)  # netdevs whose driver has no DCB (their error says so)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ def roce_uplinks(inv: Inventory) -> list[str]:
 
 class DcbBackend:
     name = "dcb"
+    # What may be left on a netdev a teardown could not read (engine/teardown.py words the failure).
+    teardown_remains = "the per-TC max rates shaperd set"
 
     def __init__(self, netns: str | None = None, run_root: str = "/run", client=None):
         self.netns, self.run_root = netns, run_root
@@ -94,6 +97,7 @@ class DcbBackend:
                 obs.states[nd] = self.client.get(nd)
             except DcbNotSupported as e:
                 obs.errors[nd] = f"{e} (the driver of {nd} has no DCB)"
+                obs.no_dcb.add(nd)
             except KernelError as e:
                 obs.errors[nd] = str(e)
         self._remember(obs)
@@ -210,12 +214,16 @@ class DcbBackend:
         return None
 
     def teardown(self, observed: DcbObserved) -> list[TargetDiff]:
-        """Lift the max rates (a cap no agent maintains any more); ETS shares, APP entries and PFC stay."""
-        out = []
+        """Lift the max rates (a cap no agent maintains any more); ETS shares, APP entries and PFC stay.
+
+        A netdev whose driver has no DCB holds nothing of shaperd's; any other read error fails the teardown."""
+        out = [TargetDiff(nd, error=err) for nd, err in sorted(observed.errors.items()) if nd not in observed.no_dcb]
         for nd, st in sorted(observed.states.items()):
+            td = TargetDiff(nd)
             if st.maxrate_kbps is not None and any(st.maxrate_kbps):
-                out.append(TargetDiff(nd, [SetMaxrate(device=nd, ifindex=0, maxrate_kbps=(0,) * MAX_TCS,
-                                                      reason="teardown: no agent maintains the TC caps")]))
+                td.ops.append(SetMaxrate(device=nd, ifindex=0, maxrate_kbps=(0,) * MAX_TCS,
+                                         reason="teardown: no agent maintains the TC caps"))
+            out.append(td)
         return out
 
     def stats(self, desired: DcbPlan) -> BackendStats:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from shaperd.core import format as output
+from shaperd.core.exitcodes import EXIT_BAD_INPUT, EXIT_OK
 
 
 def register(sub, node_opts) -> None:
@@ -96,4 +97,4 @@ def run(args) -> int:
     st = collect(cfg, roots, getattr(args, "netns", None))
     print(output.dump(st, args.output) if output.machine(args) else render(st))
     sys.stdout.flush()
-    return 2 if st["problems"] else 0
+    return EXIT_BAD_INPUT if st["problems"] else EXIT_OK

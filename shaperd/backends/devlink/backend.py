@@ -3,8 +3,9 @@
 Owns the devlink rate nodes named ``shpd_*`` and the parent of the leaves it
 put under them; nothing else (objects.py, diff.py). probe resolves the
 devlink family once: a kernel without it (this is common: no devlink
-device) disables the backend with one note, and no further netlink is
-spent. observe is one RATE_GET dump (plus a PORT_GET dump where there are
+device) disables the backend, and no further netlink is spent; the note
+becomes a plan warning only where a tenant holds a VF (``wanted``).
+observe is one RATE_GET dump (plus a PORT_GET dump where there are
 leaves to match to VFs). apply writes one operation at a time and reads the
 nodes back, so a value the driver did not keep is a failure, not a silent
 success. stats and the metrics collector (report/devlink_metrics.py) read
@@ -26,6 +27,7 @@ from shaperd.backends.devlink.objects import DevlinkObserved, DevlinkPlan, Port,
 from shaperd.backends.devlink.ops import CreateRateNode, DeleteRateNode, SetLeafParent, SetRateNode
 from shaperd.backends.devlink.plan import plan as plan_nodes
 from shaperd.backends.devlink.render import render as render_nodes
+from shaperd.rdma import plan as rdma_plan
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ def _port(p: nl.PortRow) -> Port:
 
 class DevlinkBackend:
     name = "devlink"
+    # What may be left where a teardown could not read (engine/teardown.py words the failure).
+    teardown_remains = "its rate nodes (shpd_*) and the leaves parented to them"
 
     def __init__(self, open_nl=None):
         self._open = open_nl or (lambda: nl.DevlinkNl())
@@ -79,6 +83,13 @@ class DevlinkBackend:
             return Support(False, (f"devlink rate groups: {why}",))
         return Support(True)
 
+    def wanted(self, ctx: PlanInput) -> bool:
+        """Whether a tenant holds an SR-IOV VF on this node (by rdma.devices or through its pods): only
+        then does the tenants file ask for rate groups, and only then is a disabled backend worth a word."""
+        inv = ctx.inventory
+        return any((dev := inv.rdma_device(port.device)) is not None and dev.is_vf
+                   for t in rdma_plan.plan(ctx.config, inv, ctx.tenancy).tenants for port in t.ports)
+
     def close(self) -> None:
         if self._nl is not None:
             self._nl.close()
@@ -88,6 +99,8 @@ class DevlinkBackend:
         return plan_nodes(ctx.config, ctx.inventory, ctx.tenancy)
 
     def observe(self, reads, inv: Inventory) -> DevlinkObserved:
+        if self.family_absent:
+            return DevlinkObserved()  # no devlink family (probe): no rate object can exist (a teardown's case)
         try:
             rates = tuple(_rate(r) for r in self._conn().rates())
             ports = tuple(_port(p) for p in self._conn().ports()) if any(r.port_index is not None for r in rates) \
@@ -155,7 +168,7 @@ class DevlinkBackend:
                 res.failed.append((op, op.error(f"did not stick: {bad}")))
 
     def teardown(self, observed: DevlinkObserved) -> list[TargetDiff]:
-        return [d for d in diff_rates(DevlinkPlan(), observed) if d.ops]
+        return diff_rates(DevlinkPlan(), observed)
 
     def stats(self, desired: DevlinkPlan) -> BackendStats:
         conf = tuple(NodeRates(n.tenant, n.instance, n.node, n.tx_share_Bps, n.tx_max_Bps) for n in desired.nodes)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from shaperd.core import format as output
+from shaperd.core.exitcodes import EXIT_OK
 
 
 def register(sub, node_opts) -> None:
@@ -67,7 +68,7 @@ def run(args) -> int:
     out = collect(cfg, roots, lambda: nl.DevlinkNl(args.netns, run_root=args.run_root))
     if output.machine(args):
         output.emit(out, args)
-        return 0
+        return EXIT_OK
     for line in out["notes"]:
         print(line)
     for n in out["nodes"]:
@@ -83,4 +84,4 @@ def run(args) -> int:
                 print(f"{d['device']}: {key.replace('_', ' ')}: {d[key]}")
     for w in out["warnings"] + out["problems"]:
         print(f"warning: {w}", file=sys.stderr)
-    return 0
+    return EXIT_OK

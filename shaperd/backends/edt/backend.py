@@ -2,8 +2,9 @@
 
 Owns the root qdisc 7365: (mq, or sch_fq on a single-queue device), the
 sch_fq under each mq class, and its stamper filter on clsact egress (prio
-PRIO_STAMPER). Shares clsact with the map classifier and others (adds it,
-never removes it). Plans only the devices tenancy.dataplanes gives to edt;
+PRIO_STAMPER). Shares clsact with the map classifier and others (adds it;
+only a teardown removes it, where it held nothing but shaperd's filters:
+backends/common/clsact.py). Plans only the devices tenancy.dataplanes gives to edt;
 the rates inside the stamper's maps are the rate controller's
 (shaperd/backends/edt/loop.py), not the reconcile's, so a resync never resets them.
 With bpffs pins, each stamper is pinned when loaded under the "edt-stamper"
@@ -22,14 +23,18 @@ from shaperd.backends.common import kernel_classifier as bpf_classify
 from shaperd.kernel import bpf_pins
 from shaperd.backends.edt import kernel_stamper as edt_prog
 from shaperd.kernel import tc
+from shaperd.backends.edt import kernel_tc
 from shaperd.kernel.rtnl_rows import TC_H_ROOT
 from shaperd.core.protocol import ApplyResult, BackendStats, PlanInput, Support, TargetDiff, planned_diffs
+from shaperd.backends.common import mapcls
 from shaperd.backends.common.mapcls import stale_pins
-from shaperd.backends.marks.objects import TC_H_CLSACT
+from shaperd.backends.common.clsact import TC_H_CLSACT
 from shaperd.backends.edt.diff import diff_device, diff_teardown, stale_stamper_pins
 from shaperd.backends.edt.ops import DeleteRoot, SetFq, SetRoot, UnpinStamper
 from shaperd.backends.edt.refusals import Refusals, first_refusal, refusal_of
-from shaperd.backends.edt.objects import EDT_MAJOR, PRIO_STAMPER, ROOT_HANDLE, EdtDeviceState, FqQdisc
+from shaperd.backends.edt.objects import (
+    EDT_MAJOR, PRIO_STAMPER, ROOT_HANDLE, STAMPER_HANDLE, STAMPER_PREFIX, EdtDeviceState, FqQdisc,
+)
 from shaperd.backends.edt.plan import EdtPlan, plan
 from shaperd.core.dataplane import edt_missing
 
@@ -44,6 +49,8 @@ class EdtObserved:
     pin_entries: list[str] | None = None
     # Entries under the stampers' part (edt-stamper); None without pins or unreadable.
     stamper_pin_entries: list[str] | None = None
+    # Why either pin scope could not be listed: a teardown fails on it.
+    pin_errors: dict[str, str] = field(default_factory=dict)
 
 
 def device_states(reads, inv: Inventory, pins: bpf_pins.PinStore | None = None) -> EdtObserved:
@@ -81,6 +88,8 @@ def device_states(reads, inv: Inventory, pins: bpf_pins.PinStore | None = None) 
 
 class EdtBackend:
     name = "edt"
+    # What may be left on a device a teardown could not read (engine/teardown.py words the failure).
+    teardown_remains = "its stamper and the map classifier on clsact egress"
 
     def __init__(self, writer, take_over: bool = False, pins: bpf_pins.PinStore | None = None,
                  stamper_pins: bpf_pins.PinStore | None = None):
@@ -113,14 +122,20 @@ class EdtBackend:
         if self.pins is not None:
             try:
                 out.pin_entries = self.pins.entries()
-            except bpf_pins.PinError:
-                pass  # not collected this time; the classifier itself was read (or not) above
+            except bpf_pins.PinError as e:
+                out.pin_errors["edt bpffs pins"] = str(e)  # not collected this time
         if self.stamper_pins is not None:
             try:
                 out.stamper_pin_entries = self.stamper_pins.entries()
-            except bpf_pins.PinError:
-                pass  # not collected this time
+            except bpf_pins.PinError as e:
+                out.pin_errors["edt stamper bpffs pins"] = str(e)  # not collected this time
         return out
+
+    def owns_clsact_filter(self, row) -> bool:
+        """The stamper (egress, its prio, handle and name prefix), or the map classifier edt uplinks carry."""
+        return mapcls.owns_clsact_filter(row) or (
+            row.parent == TC_H_EGRESS_PARENT and row.kind == "bpf" and row.prio == PRIO_STAMPER
+            and row.handle == STAMPER_HANDLE and row.name.startswith(STAMPER_PREFIX))
 
     def diff(self, desired: EdtPlan, observed: EdtObserved) -> list[TargetDiff]:
         out = planned_diffs(desired.devices, observed, lambda dp, st: diff_device(dp, st, desired.take_over))
@@ -147,12 +162,12 @@ class EdtBackend:
         cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
         if not batch:  # one by one: the qdiscs first, so a kernel that does not know a kind is caught before the rest
             qdisc_ops = [op for op in tc_ops if isinstance(op, (SetRoot, SetFq))]
-            first = tc.apply_ops(self.writer, qdisc_ops, batch=False)
+            first = tc.apply_ops(self.writer, qdisc_ops, batch=False, codec=kernel_tc.CODEC)
             reason = first_refusal(first.failed)
             if reason is not None:
                 return self._refuse(diff, qdisc_ops, first, reason)
             tc_ops = [op for op in tc_ops if op not in qdisc_ops]
-        result = tc.apply_ops(self.writer, tc_ops, batch=batch, pins=self.stamper_pins)
+        result = tc.apply_ops(self.writer, tc_ops, batch=batch, pins=self.stamper_pins, codec=kernel_tc.CODEC)
         if not batch:
             result.applied[:0], result.failed[:0] = first.applied, first.failed
         if cls_ops and not result.batch_failed:
@@ -178,7 +193,7 @@ class EdtBackend:
                                                   reason="edt refused by the kernel: back to htb")]
         failed = [(op, e) for op, e in first.failed if refusal_of(op, e) is None]
         if undo:
-            done = tc.apply_ops(self.writer, undo, batch=False)
+            done = tc.apply_ops(self.writer, undo, batch=False, codec=kernel_tc.CODEC)
             first.applied.extend(done.applied)
             failed.extend(done.failed)
         if self.refusals.add(dev, idx, reason):
@@ -186,9 +201,14 @@ class EdtBackend:
         return ApplyResult(applied=first.applied, failed=failed)
 
     def teardown(self, observed: EdtObserved) -> list[TargetDiff]:
-        return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
-                if (d := diff_teardown(st)).ops] + stale_pins(observed.pin_entries, set(), "teardown") + \
-            stale_stamper_pins(observed.stamper_pin_entries, set(), "teardown")
+        out = []
+        for st in sorted(observed.devices.values(), key=lambda s: s.ifindex):
+            td = diff_teardown(st)  # the root is known from the qdisc dump even where the filters were not read
+            td.error = observed.errors.get(st.ifindex)
+            out.append(td)
+        out += stale_pins(observed.pin_entries, set(), "teardown")
+        out += stale_stamper_pins(observed.stamper_pin_entries, set(), "teardown")
+        return out + [TargetDiff(where, error=err) for where, err in sorted(observed.pin_errors.items())]
 
     def render(self, desired: EdtPlan) -> str:
         from shaperd.backends.edt.render import render

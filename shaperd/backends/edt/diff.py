@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from shaperd.core.protocol import TargetDiff
 from shaperd.backends.common.objects import DEFAULT_ROOT_KINDS, ROOT_HANDLE as HTB_ROOT_HANDLE
-from shaperd.backends.marks.ops import AddClsact
+from shaperd.backends.common.clsact import AddClsact
 from shaperd.backends.common import mapcls
 from shaperd.backends.edt import plan as planmod
 from shaperd.backends.edt.objects import PRIO_STAMPER, ROOT_HANDLE, EdtDevicePlan, EdtDeviceState

@@ -365,13 +365,24 @@ def load_fresh(horizon_ns: int, initial_q16: dict[int, int], pins: bpf_pins.PinS
         return fd
 
 
-def probe_load(pin_root: str | None, horizon_ns: int = 100_000_000) -> tuple[bool, str]:
+def probe_load(pin_root: str | None, horizon_ns: int = 100_000_000, read_only: bool = False) -> tuple[bool, str]:
     """Without a probe device (no CAP_SYS_ADMIN): can this process load the stamper and get its maps back
     after a restart? Creates its maps, loads it (the verifier's rules for this process's capabilities), pins
     it in a throwaway scope under ``pin_root``, adopts it from there, removes the scope. Attaches nothing.
+    ``read_only``: loads it, pins nothing, and checks whether pinning would work (bpf_pins.pinnable).
     (ok, what was shown or why not)."""
     if not pin_root:
         return False, "no bpffs root configured (by id needs CAP_SYS_ADMIN)"
+    if read_only:
+        try:
+            os.close(load_fresh(horizon_ns, {}))
+        except (bpf.BpfError, OSError) as e:
+            return False, f"load the edt stamper: {e}"
+        ok, why = bpf_pins.pinnable(pin_root)
+        if not ok:
+            return False, f"edt stamper pins: {why}"
+        return True, (f"the stamper loads and its maps can be adopted through bpffs pins under {pin_root} "
+                      "(checked, none made)")
     try:
         store = bpf_pins.probe_store(pin_root)
     except ValueError as e:

@@ -119,3 +119,38 @@ class EdtLoop(Periodic):
         with self._lock:
             for dev in list(self._maps):
                 self._forget(dev)
+
+
+def maps_opener(netns: str | None, pins=None):
+    """open_maps for the loop: the stamper's maps found from its filter, read on a socket of the loop's own;
+    through the bpffs ``pins`` (the "edt-stamper" PinStore) when given, else by id."""
+    from shaperd.backends.edt import kernel_stamper
+    from shaperd.kernel.rtnl import RtnlReader
+
+    def open_maps(dp):
+        with RtnlReader(netns) as reader:
+            return kernel_stamper.open_for_device(reader, dp.ifindex, dp.device, dp.stamper.name, pins)
+
+    return open_maps
+
+
+class Job:
+    """The daemon's handle on the loop (the edt spec's ``job``): started when an uplink first is on edt."""
+
+    def __init__(self, netns: str | None, pins=None, loop_factory=None):
+        self.netns, self.pins = netns, pins
+        self._factory = loop_factory or (lambda: EdtLoop(maps_opener(netns, pins)))
+        self.loop: EdtLoop | None = None
+
+    def update(self, desired) -> None:
+        """After each reconcile: the edt plan's devices become the loop's targets."""
+        devices = getattr(desired, "devices", ())
+        if self.loop is None and devices:
+            self.loop = self._factory()
+            self.loop.start()
+        if self.loop is not None:
+            self.loop.set_targets(devices)
+
+    def stop(self) -> None:
+        if self.loop is not None:
+            self.loop.stop()

@@ -28,12 +28,15 @@ KEY_SPACE = 1 << 16
 STATS_MAX_ENTRIES = 4096
 
 
+STAMPER_PREFIX = "shpe_"
+
+
 def stamper_name(horizon_ns: int) -> str:
     """'shpe_' + 10 hex of the program's version and parameters: BPF_OBJ_NAME_LEN, and the filter's TCA_BPF_NAME.
 
     A new program version or horizon gives a new name, so the diff re-attaches."""
     h = hashlib.sha256(b"shaperd-edt-stamper-v1\0" + struct.pack("<Q", horizon_ns)).hexdigest()[:10]
-    return "shpe_" + h
+    return STAMPER_PREFIX + h
 
 
 class Stats(NamedTuple):

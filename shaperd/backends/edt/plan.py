@@ -35,7 +35,7 @@ from shaperd.core.config import Config, default_reserve_bps
 from shaperd.core.errors import ConfigProblem
 from shaperd.core.inventory import Inventory, Link
 from shaperd.core.tenancy import Tenancy
-from shaperd.backends.htb.plan import GSO_MAX_BYTES, checked_capacity
+from shaperd.backends.common.classify import GSO_MAX_BYTES, checked_capacity, classification, map_classifier_for
 from shaperd.core.ids import assign_minors
 from shaperd.backends.edt import controller
 from shaperd.backends.edt.objects import (
@@ -111,15 +111,13 @@ def plan(cfg: Config, inv: Inventory, ten: Tenancy, take_over: bool = False,
 
 def _map_classifier(cfg: Config, inv: Inventory, link: Link, ten: Tenancy, minors: dict[str, int],
                     warnings: list[str]):
-    """The map classifier for this uplink (the same who-is-who as HTB's, htb.plan.classification), or None
+    """The map classifier for this uplink (the same who-is-who as HTB's, common/classify.py), or None
     without eBPF maps. Without destination scopes: the stamper keys packets by tenant class minor, and a
     scope's class id (written into skb->priority by the scope LPM) would be no tenant's key, so the
     tenant's traffic towards a scope would leave unpaced. It is paced as the tenant's instead, and the
     operator is told the scope's own limit is not enforced there."""
     if not inv.capabilities.bpf_maps:
         return None
-    from shaperd.backends.htb.plan import classification, map_classifier_for
-
     who = classification(cfg, inv, ten.interfaces, minors, ten.pod_tenants, ten.marks)
     mc, _rest, warns = map_classifier_for(list(who.bpf_filters), cfg.node.mark_mask, (), who.src_prefixes)
     scoped = sorted(t.name for t in cfg.tenants if t.destinations)

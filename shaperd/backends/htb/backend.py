@@ -18,9 +18,11 @@ from shaperd.core.inventory import Capabilities, Inventory
 from shaperd.backends.common import kernel_classifier as bpf_classify
 from shaperd.kernel import bpf_pins
 from shaperd.kernel import tc
+from shaperd.backends.htb import kernel_tc
 from shaperd.core.protocol import ApplyResult, BackendStats, ClassTarget, PlanInput, Support, TargetDiff, planned_diffs
 from shaperd.backends.htb import observe as obs
 from shaperd.backends.htb.diff import diff_device, diff_teardown
+from shaperd.backends.common import mapcls
 from shaperd.backends.common.mapcls import stale_pins
 from shaperd.backends.common.objects import DeviceState
 from shaperd.backends.htb.ops import ChangeClass, CreateClass, CreateRoot, SetLeaf
@@ -37,6 +39,8 @@ class HtbObserved:
     names: dict[int, str] = field(default_factory=dict)
     # Entries under the bpffs pin scope (device names, crash leftovers); None without pins or unreadable.
     pin_entries: list[str] | None = None
+    # Why the pin scope could not be listed (pin_entries is None then): a teardown fails on it.
+    pin_error: str | None = None
 
 
 class OffloadRefused(KernelError):
@@ -59,6 +63,8 @@ OFFLOAD_REFUSALS = frozenset({errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSPC, errn
 
 class HtbBackend:
     name = "htb"
+    # What may be left on a device a teardown could not read (engine/teardown.py words the failure).
+    teardown_remains = "its root qdisc 7368: with its classes, leaves and filters, and its map classifier"
 
     def __init__(self, writer, settings: HtbSettings = HtbSettings(), take_over: bool = False,
                  pins: bpf_pins.PinStore | None = None):
@@ -134,8 +140,12 @@ class HtbBackend:
             try:
                 out.pin_entries = self.pins.entries()
             except bpf_pins.PinError as e:
+                out.pin_error = str(e)
                 log.get("shaperd.htb").warning("bpffs pins unreadable: not collected", error=str(e))
         return out
+
+    def owns_clsact_filter(self, row) -> bool:
+        return mapcls.owns_clsact_filter(row)
 
     def diff(self, desired: HtbPlan, observed: HtbObserved) -> list[TargetDiff]:
         out = planned_diffs(desired.devices, observed, lambda dp, st: diff_device(dp, st, desired.take_over))
@@ -158,7 +168,7 @@ class HtbBackend:
         if not batch and first is not None:
             # One by one: the offloaded root first; refused, the tree under it is not sent (it would only
             # fail, once per class): the next plan, a moment later, is software HTB for this device.
-            result = tc.apply_ops(self.writer, tc_ops[:first + 1], batch=False)
+            result = tc.apply_ops(self.writer, tc_ops[:first + 1], batch=False, codec=kernel_tc.CODEC)
             self._offload_refusals(result)
             root_failed = next((e for op, e in result.failed if op is tc_ops[first]), None)
             if isinstance(root_failed, OffloadRefused):
@@ -166,12 +176,12 @@ class HtbBackend:
                 result.failed += [(op, OffloadRefused(op.verb, op.what(), op.device, cause, root_failed.errno))
                                   for op in tc_ops[first + 1:] + cls_ops]
                 return result
-            rest = tc.apply_ops(self.writer, tc_ops[first + 1:], batch=False)
+            rest = tc.apply_ops(self.writer, tc_ops[first + 1:], batch=False, codec=kernel_tc.CODEC)
             self._offload_refusals(rest)
             result.applied.extend(rest.applied)
             result.failed.extend(rest.failed)
         else:
-            result = tc.apply_ops(self.writer, tc_ops, batch=batch)
+            result = tc.apply_ops(self.writer, tc_ops, batch=batch, codec=kernel_tc.CODEC)
             self._offload_refusals(result)
         if cls_ops and not result.batch_failed:
             more = bpf_classify.apply_ops(self.writer, cls_ops, self.pins)
@@ -180,8 +190,13 @@ class HtbBackend:
         return result
 
     def teardown(self, observed: HtbObserved) -> list[TargetDiff]:
-        return [d for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)
-                if (d := diff_teardown(st)).ops] + stale_pins(observed.pin_entries, set(), "teardown")
+        out = [diff_teardown(st) for st in sorted(observed.devices.values(), key=lambda s: s.ifindex)]
+        out += [TargetDiff(observed.names.get(idx, str(idx)), error=err)
+                for idx, err in sorted(observed.errors.items())]
+        out += stale_pins(observed.pin_entries, set(), "teardown")
+        if observed.pin_error is not None:
+            out.append(TargetDiff("htb bpffs pins", error=observed.pin_error))
+        return out
 
     def stats(self, desired: HtbPlan) -> BackendStats:
         out = BackendStats(devices=tuple(dp.device for dp in desired.devices))

@@ -29,6 +29,7 @@ from shaperd.backends.common.objects import (
     DeviceState,
     Filter,
     HtbClass,
+    RootQdisc,
     U32Filter,
     fmt_handle,
 )
@@ -64,39 +65,83 @@ def root_verdict(observed: DeviceState, take_over: bool) -> tuple[str, str]:
 
 
 def diff_device(desired: DevicePlan, observed: DeviceState, take_over: bool = False) -> TargetDiff:
-    dev, idx = desired.device, desired.ifindex
-    out = TargetDiff(dev)
-    ops = out.ops
+    """The operations that make ``observed`` the ``desired`` tree: none when in sync, a rebuild when the
+    root cannot be kept, a blocked diff (no operation) when the root qdisc is someone else's."""
+    out = TargetDiff(desired.device)
     verdict, reason = root_verdict(observed, take_over)
     if verdict == "foreign":
         out.blocked = reason
         return out
     tenant_of = {c.classid: c.tenant for c in desired.classes}
-    if verdict == "adopt" and _needs_rebuild(desired, observed):
-        verdict, reason = "replace", "class tree structure differs; rebuilding"
-    if verdict == "adopt" and observed.root is not None and observed.root.offload != desired.root.offload:
+    kept_root = observed.root if verdict == "adopt" else None  # "adopt" means shaperd's own root is there
+    if kept_root is not None:
+        rebuild = _rebuild_reason(desired, observed, kept_root)
+        if rebuild:
+            kept_root, reason = None, rebuild
+    if kept_root is None:
+        out.ops.extend(_rebuilt(desired, observed, reason, tenant_of))
+    else:
+        out.ops.extend(_updated(desired, observed, kept_root, tenant_of))
+    return out
+
+
+def _rebuild_reason(desired: DevicePlan, observed: DeviceState, root: RootQdisc) -> str:
+    """Why shaperd's own tree cannot be changed in place ("" when it can)."""
+    if _needs_rebuild(desired, observed):
+        return "class tree structure differs; rebuilding"
+    if root.offload != desired.root.offload:
         # The kernel fixes offload at htb_init: switching means a new root (the tree is rebuilt, traffic
         # is unshaped for the few writes in between).
-        verdict, reason = "replace", ("htb offload: replacing the software root with an offloaded one"
-                                      if desired.root.offload else
-                                      "htb offload off: replacing the offloaded root with a software one")
-    if verdict == "replace":
-        if observed.owned:
-            # Replacing an htb with an htb of the same handle is a "change" to the kernel: remove first.
-            ops.append(DeleteRoot(device=dev, ifindex=idx, reason=reason))
-        ops.append(CreateRoot(device=dev, ifindex=idx, root=desired.root, reason=reason))
-        ops.extend(CreateClass(device=dev, ifindex=idx, cls=c, reason="missing", tenant=c.tenant)
-                   for c in desired.classes)
-        ops.extend(SetLeaf(device=dev, ifindex=idx, leaf=q, reason="missing", tenant=tenant_of.get(q.parent))
-                   for q in desired.leaves)
-        ops.extend(_add_filter(dev, idx, f, "missing", tenant_of) for f in desired.filters)
-        ops.extend(mapcls.diff(dev, idx, desired.map_classifier, observed.map_classifier))
-        return out
+        return ("htb offload: replacing the software root with an offloaded one" if desired.root.offload else
+                "htb offload off: replacing the offloaded root with a software one")
+    return ""
 
-    assert observed.root is not None
-    # 1. filters: delete stale ones first, so stale classes are free to go.
+
+def _rebuilt(desired: DevicePlan, observed: DeviceState, reason: str,
+             tenant_of: dict[int, str | None]) -> list[Operation]:
+    """A new root and everything under it, after removing shaperd's old root if there is one."""
+    dev, idx = desired.device, desired.ifindex
+    ops: list[Operation] = []
+    if observed.owned:
+        # Replacing an htb with an htb of the same handle is a "change" to the kernel: remove first.
+        ops.append(DeleteRoot(device=dev, ifindex=idx, reason=reason))
+    ops.append(CreateRoot(device=dev, ifindex=idx, root=desired.root, reason=reason))
+    ops.extend(CreateClass(device=dev, ifindex=idx, cls=c, reason="missing", tenant=c.tenant)
+               for c in desired.classes)
+    ops.extend(SetLeaf(device=dev, ifindex=idx, leaf=q, reason="missing", tenant=tenant_of.get(q.parent))
+               for q in desired.leaves)
+    ops.extend(_add_filter(dev, idx, f, "missing", tenant_of) for f in desired.filters)
+    ops.extend(mapcls.diff(dev, idx, desired.map_classifier, observed.map_classifier))
+    return ops
+
+
+def _updated(desired: DevicePlan, observed: DeviceState, root: RootQdisc,
+             tenant_of: dict[int, str | None]) -> list[Operation]:
+    """The changes to shaperd's kept tree, in an order the kernel accepts: stale filters first (so stale
+    classes are free to go), stale classes deepest first, the root, classes parents first, leaves, then
+    the missing filters and the map classifier's entries."""
+    dev, idx = desired.device, desired.ifindex
     want: dict[object, Filter] = {_ident(f): f for f in desired.filters}
+    ops, kept = _stale_filters(desired, observed, want)
+    ops.extend(_stale_classes(desired, observed))
+    if root.default_minor != desired.root.default_minor:
+        ops.append(ChangeRoot(device=dev, ifindex=idx, root=desired.root,
+                              reason=f"default class {root.default_minor:x}"))
+    ops.extend(_class_changes(desired, observed))
+    ops.extend(_leaf_changes(desired, observed, tenant_of))
+    ops.extend(_add_filter(dev, idx, f, "missing", tenant_of) for key, f in want.items() if key not in kept)
+    # The eBPF map classifier on clsact egress: entry writes only, none when in sync.
+    ops.extend(mapcls.diff(dev, idx, desired.map_classifier, observed.map_classifier))
+    return ops
+
+
+def _stale_filters(desired: DevicePlan, observed: DeviceState,
+                   want: dict[object, Filter]) -> tuple[list[Operation], set[object]]:
+    """Deletes of the filters under shaperd's tree that the plan lacks (whole groups where the plan has
+    none of that parent, prio and protocol), and the identities of the filters kept."""
+    dev, idx = desired.device, desired.ifindex
     want_groups = {_group(f) for f in desired.filters}
+    ops: list[Operation] = []
     kept: set[object] = set()
     stale_groups: set[tuple[int, int, int]] = set()
     for f in sorted(observed.filters, key=lambda f: (f.parent, f.prio, f.protocol, f.handle)):
@@ -114,19 +159,21 @@ def diff_device(desired: DevicePlan, observed: DeviceState, take_over: bool = Fa
             ops.append(DeleteFilter(device=dev, ifindex=idx, filter=f, reason="stale"))
     ops.extend(DeleteFilterGroup(device=dev, ifindex=idx, prio=p, protocol=proto, parent=parent, reason="stale")
                for parent, p, proto in sorted(stale_groups))
+    return ops, kept
 
-    # 2. classes that are not in the plan, deepest first.
+
+def _stale_classes(desired: DevicePlan, observed: DeviceState) -> list[Operation]:
+    """Deletes of the classes the plan lacks, deepest first."""
     wanted_ids = {c.classid for c in desired.classes}
     stale = [cid for cid in observed.classes if cid not in wanted_ids]
-    for cid in sorted(stale, key=lambda c: -_depth(observed, c)):
-        ops.append(DeleteClass(device=dev, ifindex=idx, classid=cid, reason="stale"))
+    return [DeleteClass(device=desired.device, ifindex=desired.ifindex, classid=cid, reason="stale")
+            for cid in sorted(stale, key=lambda c: -_depth(observed, c))]
 
-    # 3. the root qdisc's own parameters.
-    if observed.root.default_minor != desired.root.default_minor:
-        ops.append(ChangeRoot(device=dev, ifindex=idx, root=desired.root,
-                              reason=f"default class {observed.root.default_minor:x}"))
 
-    # 4. classes in plan order (parents before children).
+def _class_changes(desired: DevicePlan, observed: DeviceState) -> list[Operation]:
+    """Creates and changes of the planned classes, in plan order (parents before children)."""
+    dev, idx = desired.device, desired.ifindex
+    ops: list[Operation] = []
     for c in desired.classes:
         have = observed.classes.get(c.classid)
         if have is None:
@@ -134,22 +181,19 @@ def diff_device(desired: DevicePlan, observed: DeviceState, take_over: bool = Fa
         elif not _fields_match(have.kernel_fields(), c):
             ops.append(ChangeClass(device=dev, ifindex=idx, cls=c, reason=_class_delta(have.kernel_fields(), c),
                                    tenant=c.tenant))
+    return ops
 
-    # 5. leaf queues.
+
+def _leaf_changes(desired: DevicePlan, observed: DeviceState, tenant_of: dict[int, str | None]) -> list[Operation]:
+    """The leaf queues that are missing or differ."""
+    ops: list[Operation] = []
     for q in desired.leaves:
         have_q = observed.leaves.get(q.parent)
         if have_q != q:
             why = "missing" if have_q is None else f"was {have_q.kind} {fmt_handle(have_q.handle)} limit {have_q.limit}"
-            ops.append(SetLeaf(device=dev, ifindex=idx, leaf=q, reason=why, tenant=tenant_of.get(q.parent)))
-
-    # 6. missing filters.
-    for key, f in want.items():
-        if key not in kept:
-            ops.append(_add_filter(dev, idx, f, "missing", tenant_of))
-
-    # 7. the eBPF map classifier on clsact egress: entry writes only, none when in sync.
-    ops.extend(mapcls.diff(dev, idx, desired.map_classifier, observed.map_classifier))
-    return out
+            ops.append(SetLeaf(device=desired.device, ifindex=desired.ifindex, leaf=q, reason=why,
+                               tenant=tenant_of.get(q.parent)))
+    return ops
 
 
 def diff_teardown(observed: DeviceState, reason: str = "teardown") -> TargetDiff:

@@ -9,28 +9,24 @@ side only makes the kernel match what this returns.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass, field, replace
 
-from shaperd.core.config import Config, Tenant, check_guarantee_sum, default_reserve_bps
+from shaperd.core.config import Config, Tenant, default_reserve_bps
 from shaperd.core.errors import ConfigProblem
 from shaperd.core.inventory import Capabilities, Inventory, Link
 from shaperd.core.tenancy import Tenancy, tenancy
-from shaperd.core.ids import assign_minors, bpf_program_name
-from shaperd.backends.common import mapcls
+from shaperd.core.ids import assign_minors
+from shaperd.backends.common import mapcls  # noqa: F401
+from shaperd.backends.common.classify import (  # noqa: F401 - shared with edt
+    ETH_HLEN, GSO_MAX_BYTES, LINK_SPEED_USABLE, Classification, cgroup_entries, checked_capacity, classification,
+    map_classifier_for,
+)
 from shaperd.backends.htb import offload_plan
 from shaperd.backends.htb.scopes import scope_minors, scoped_tenant
 from shaperd.backends.common.objects import (
     DEFAULT_CLASS_MINOR,
-    ETH_P_IP,
-    PRIO_U32_V4_BASE,
-    PRIO_U32_V6_BASE,
-    PRIO_BPF_CGROUP,
-    PRIO_BPF_IFINDEX,
-    PRIO_BPF_MARK,
     ROOT_CLASS_MINOR,
     ROOT_HANDLE,
-    BpfFilter,
     DevicePlan,
     Filter,
     HtbClass,
@@ -39,45 +35,12 @@ from shaperd.backends.common.objects import (
     U32Filter,
     classid,
 )
-from shaperd.core.units import format_rate
 
 # HTB has 8 priority levels (0 = served first). Tenants use 0..6 by rank of
 # their priority value; 7 is kept for the default class so any tenant borrows
 # spare bandwidth before traffic of no tenant does.
 MAX_TENANT_PRIO = 6
 DEFAULT_CLASS_PRIO = 7
-# Share of a NIC's reported speed shaperd shapes to when node.capacity is not
-# set. tc counts Ethernet frames without preamble, FCS and inter-frame gap (24
-# bytes, 1.6 % of a 1514-byte frame); shaping at the full speed would let the
-# queue form in the NIC's shared ring instead of in the tenants' classes
-# (bench/isolation.py: at 100 % the bottleneck dropped; at 99 % it never did).
-LINK_SPEED_USABLE = (98, 100)
-# Ethernet header on top of the MTU: what one full-size frame costs HTB.
-ETH_HLEN = 14
-GSO_MAX_BYTES = 65536
-
-
-def checked_capacity(cfg: Config, link: Link, bad) -> int | None:
-    """The capacity shaped on ``link`` (node.capacity, else LINK_SPEED_USABLE of its speed), with the
-    checks every data plane needs (a capacity exists, no limit above it, guarantees fit); None, after
-    ``bad(path, message)`` calls, when one fails. Shared by the htb and edt planners."""
-    failed: list[str] = []
-
-    def note(path: str, msg: str) -> None:
-        failed.append(path)
-        bad(path, msg)
-
-    capacity = cfg.node.capacity_bps
-    if capacity is None and link.speed_bps:
-        capacity = link.speed_bps * LINK_SPEED_USABLE[0] // LINK_SPEED_USABLE[1]
-    if capacity is None:
-        note("node.capacity", f"required: the kernel reports no link speed for {link.kind or 'this'} device {link.name}")
-        return None
-    for i, t in enumerate(cfg.tenants):
-        if t.limit_bps is not None and t.limit_bps > capacity:
-            note(f"tenants[{i}].bandwidthLimit", f"limit {format_rate(t.limit_bps)} is above capacity {format_rate(capacity)}")
-    check_guarantee_sum(capacity, cfg.node.reserve_bps, cfg.tenants, note, where="capacity")
-    return None if failed else capacity
 
 
 @dataclass(frozen=True)
@@ -194,85 +157,6 @@ def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings(), ten
     return offload_plan.choose(cfg, inv, out, offload_refused or {})  # software or offload shape per uplink
 
 
-def cgroup_entries(
-    cfg: Config, inv: Inventory, by_pod: dict[str, str], minors: dict[str, int]
-) -> tuple[tuple[tuple[int, int, int], ...], tuple[str, ...]]:
-    """(level, cgroup id, classid) for hostNetwork pods and match.cgroups, labels for rendering."""
-    entries: dict[tuple[int, int], tuple[int, str]] = {}
-    refs = {c.path: c for c in inv.cgroups}
-    for t in cfg.tenants:
-        for path in t.match.cgroups:
-            ref = refs.get(path)
-            if ref is not None:
-                entries.setdefault((ref.level, ref.id), (classid(minors[t.name]), path))
-    for pod in inv.pods:
-        tenant = by_pod.get(pod.uid)
-        if tenant is not None and pod.host_network and pod.cgroup is not None:
-            entries.setdefault((pod.cgroup.level, pod.cgroup.id), (classid(minors[tenant]), f"pod {pod.ref}"))
-    out = tuple(sorted((lvl, cid, cls) for (lvl, cid), (cls, _) in entries.items()))
-    return out, tuple(sorted(label for _, label in entries.values()))
-
-
-@dataclass(frozen=True)
-class Classification:
-    """Who is who on an uplink, before any classifier realises it (one input for the htb and edt planners).
-
-    ``bpf_filters``: the interface, cgroup and mark mappings as cls_bpf filters
-    (empty without cls_bpf); ``src_prefixes``: (network, classid) for every
-    configured source prefix and every non-hostNetwork pod address, in plan
-    order (a configured prefix of the same length wins over a pod's).
-    """
-
-    bpf_filters: tuple[BpfFilter, ...] = ()
-    src_prefixes: tuple[tuple[object, int], ...] = ()
-
-
-def classification(
-    cfg: Config, inv: Inventory, ifmap: dict[int, tuple[str, str]], minors: dict[str, int],
-    by_pod: dict[str, str] | None = None, marks_by_tenant: dict[str, int] | None = None,
-) -> Classification:
-    filters: list[BpfFilter] = []
-    by_pod = by_pod or {}
-    marks_by_tenant = marks_by_tenant or {}
-    if inv.capabilities.bpf:
-        mapping = tuple(sorted((idx, classid(minors[tenant])) for idx, (tenant, _) in ifmap.items()))
-        if mapping:
-            filters.append(
-                BpfFilter(
-                    prio=PRIO_BPF_IFINDEX, name=bpf_program_name(mapping), mapping=mapping,
-                    interfaces=tuple(sorted(name for _, name in ifmap.values())),
-                )
-            )
-        cg_entries, cg_labels = cgroup_entries(cfg, inv, by_pod, minors)
-        if cg_entries:
-            filters.append(BpfFilter(prio=PRIO_BPF_CGROUP, name=bpf_program_name(cg_entries, "cgroup"),
-                                     mapping=cg_entries, interfaces=cg_labels, kind="cgroup"))
-        mark_map = tuple(sorted(
-            (marks_by_tenant[t.name], cfg.node.mark_mask, classid(minors[t.name]))
-            for t in cfg.tenants if t.name in marks_by_tenant
-        ))
-        if mark_map:
-            filters.append(BpfFilter(prio=PRIO_BPF_MARK, name=bpf_program_name(mark_map, "classmark"),
-                                     mapping=mark_map, interfaces=tuple(f"mark 0x{v:x}" for v, _, _ in mark_map),
-                                     kind="mark"))
-    claimed: set = set()
-    src_prefixes: list = []
-    for t in cfg.tenants:
-        for net in t.match.cidrs:
-            src_prefixes.append((net, classid(minors[t.name])))
-            claimed.add(net)
-    for pod in inv.pods:
-        tenant = by_pod.get(pod.uid)
-        if tenant is None or pod.host_network:
-            continue
-        for ip in pod.ips:
-            net = ipaddress.ip_network(ip)
-            if net not in claimed:  # a configured prefix of the same length wins
-                claimed.add(net)
-                src_prefixes.append((net, classid(minors[tenant])))
-    return Classification(tuple(filters), tuple(src_prefixes))
-
-
 def plan_device(
     cfg: Config, inv: Inventory, link: Link, ifmap: dict[int, tuple[str, str]], s: HtbSettings,
     by_pod: dict[str, str] | None = None, marks_by_tenant: dict[str, int] | None = None,
@@ -352,34 +236,3 @@ def with_map_classifier(dp: DevicePlan, mark_mask: int, warnings: list[str], src
     return replace(dp, filters=tuple(rest), map_classifier=mc)
 
 
-def _is_source_prefix(f: U32Filter) -> bool:
-    if f.mark is not None or not f.prefix:
-        return False
-    if f.protocol == ETH_P_IP:
-        return PRIO_U32_V4_BASE <= f.prio <= PRIO_U32_V4_BASE + 32 and all(k.offset == 12 for k in f.keys)
-    return PRIO_U32_V6_BASE <= f.prio <= PRIO_U32_V6_BASE + 128 and all(8 <= k.offset < 24 for k in f.keys)
-
-
-def map_classifier_for(filters: list[Filter], mark_mask: int, dst_scopes=(), src_prefixes=()) -> tuple[
-        mapcls.MapClassifier, list[Filter], list[str]]:
-    """The classifying filters as eBPF map entries: (classifier, filters that stay, warnings)."""
-    ifindex: dict[int, int] = {}
-    cgroups: list[tuple[int, int, int]] = []
-    marks: dict[int, int] = {}
-    prefixes: dict = {}
-    for net, cls in src_prefixes:  # the planner's own (network, classid) pairs: no U32Filter built
-        prefixes.setdefault(net, cls)
-    rest: list[Filter] = []
-    for f in filters:
-        if isinstance(f, BpfFilter) and f.kind == "ifindex":
-            ifindex.update(dict(f.mapping))
-        elif isinstance(f, BpfFilter) and f.kind == "cgroup":
-            cgroups.extend(f.mapping)
-        elif isinstance(f, BpfFilter) and f.kind == "mark":
-            marks.update({value: cls for value, _mask, cls in f.mapping})
-        elif isinstance(f, U32Filter) and _is_source_prefix(f):
-            prefixes.setdefault(ipaddress.ip_network(f.prefix), f.classid)
-        else:
-            rest.append(f)
-    mc, warnings = mapcls.build(mark_mask, ifindex, tuple(cgroups), marks, prefixes, tuple(dst_scopes))
-    return mc, rest, warnings

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+
 from shaperd.core.errors import KernelError
 from shaperd.core.inventory import Capabilities, Inventory
 from shaperd.kernel import tc
+from shaperd.backends.marks import kernel_tc
 from shaperd.core.protocol import ApplyResult, BackendStats, PlanInput, Support, TargetDiff
 from shaperd.backends.marks import plan as marks_plan
 from shaperd.backends.marks.objects import PRIO_MARK_INGRESS, PROGRAM_PREFIX, TC_H_INGRESS_PARENT, MarksObserved, MarksPlan, ObservedMark
@@ -12,6 +15,8 @@ from shaperd.backends.marks.objects import PRIO_MARK_INGRESS, PROGRAM_PREFIX, TC
 
 class MarksBackend:
     name = "marks"
+    # What may be left on an interface a teardown could not read (engine/teardown.py words the failure).
+    teardown_remains = "its mark program on clsact ingress"
 
     def __init__(self, writer):
         self.writer = writer
@@ -22,31 +27,44 @@ class MarksBackend:
                                    "(not after masquerade or encapsulation)",))
         return Support(True)
 
+    def wanted(self, ctx: PlanInput) -> bool:
+        """Mark programs are for tenants' pods: without one on this node, cls_bpf is not missed."""
+        return bool(ctx.tenancy.pod_tenants)
+
     def plan(self, ctx: PlanInput) -> MarksPlan:
         return marks_plan.plan(ctx.config, ctx.inventory, ctx.tenancy)
 
     def observe(self, reads, inv: Inventory) -> MarksObserved:
         clsact = frozenset(q.ifindex for q in reads.all_qdiscs() if q.kind == "clsact")
+        names = {l.ifindex: l.name for l in inv.links}
         found: dict[int, ObservedMark] = {}
+        errors: dict[int, str] = {}
         for idx in sorted(clsact):
             try:
-                filters = reads.filters(idx, TC_H_INGRESS_PARENT, str(idx))
-            except KernelError:
-                continue  # the interface went away between the two dumps: nothing to do there
+                filters = reads.filters(idx, TC_H_INGRESS_PARENT, names.get(idx, str(idx)))
+            except KernelError as e:
+                if e.errno != errno.ENODEV:  # ENODEV: the interface went away between the two dumps
+                    errors[idx] = str(e)
+                continue
             for f in filters:
-                if f.kind == "bpf" and f.prio == PRIO_MARK_INGRESS and f.name.startswith(PROGRAM_PREFIX):
+                if self.owns_clsact_filter(f):
                     found[idx] = ObservedMark(idx, f.name, f.handle)
-        return MarksObserved(marks=found, clsact=clsact, names={l.ifindex: l.name for l in inv.links})
+        return MarksObserved(marks=found, clsact=clsact, names=names, errors=errors)
+
+    def owns_clsact_filter(self, row) -> bool:
+        """A mark program: ingress, bpf at PRIO_MARK_INGRESS, named shpdm_*."""
+        return (row.parent == TC_H_INGRESS_PARENT and row.kind == "bpf" and row.prio == PRIO_MARK_INGRESS
+                and row.name.startswith(PROGRAM_PREFIX))
 
     def diff(self, desired: MarksPlan, observed: MarksObserved) -> list[TargetDiff]:
         return [marks_plan.diff(desired, observed)]
 
     def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
-        return tc.apply_ops(self.writer, diff.ops, batch=batch)
+        return tc.apply_ops(self.writer, diff.ops, batch=batch, codec=kernel_tc.CODEC)
 
     def teardown(self, observed: MarksObserved) -> list[TargetDiff]:
-        d = marks_plan.diff(MarksPlan(), observed)
-        return [d] if d.ops else []
+        return [marks_plan.diff(MarksPlan(), observed)] + [
+            TargetDiff(observed.names.get(idx, str(idx)), error=err) for idx, err in sorted(observed.errors.items())]
 
     def stats(self, desired: MarksPlan) -> BackendStats:
         return BackendStats()  # marks enforce nothing by themselves: the uplink classes count the bytes

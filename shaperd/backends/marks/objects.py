@@ -2,18 +2,18 @@
 
 Pure data. shaperd owns only its own filter there (prio 0x7368, program
 name shpdm_*); the clsact qdisc may be shared with other agents (Cilium,
-Calico) and is never removed.
+Calico): only a teardown removes it, and only where it held nothing but
+shaperd's filters (backends/common/clsact.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shaperd.backends.common.clsact import CLSACT_HANDLE, TC_H_CLSACT, TC_H_INGRESS_PARENT  # noqa: F401 - the marks' names
+
 # On host-side pod interfaces (clsact ingress): shaperd's mark program.
 PRIO_MARK_INGRESS = 0x7368
-TC_H_CLSACT = 0xFFFFFFF1
-TC_H_INGRESS_PARENT = 0xFFFFFFF2  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS)
-CLSACT_HANDLE = 0xFFFF0000
 PROGRAM_PREFIX = "shpdm_"
 # Pseudo-device name for this backend's target in reports and logs.
 TARGET = "(pod interfaces)"
@@ -53,3 +53,6 @@ class MarksObserved:
     marks: dict[int, ObservedMark] = field(default_factory=dict)
     clsact: frozenset[int] = frozenset()  # interfaces that have a clsact qdisc
     names: dict[int, str] = field(default_factory=dict)
+    # ifindex -> why its clsact ingress filters could not be read (a teardown fails on it; a reconcile
+    # sets the mark again where one is wanted).
+    errors: dict[int, str] = field(default_factory=dict)

@@ -6,15 +6,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from shaperd.core.protocol import Operation
+from shaperd.backends.common.clsact import AddClsact  # noqa: F401 - marks adds clsact where none is
 from shaperd.backends.marks.objects import MarkFilter, ObservedMark
-
-
-@dataclass(frozen=True, kw_only=True)
-class AddClsact(Operation):
-    verb: ClassVar[str] = "add"
-
-    def what(self) -> str:
-        return "clsact qdisc"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,8 @@ from shaperd.core.tenancy import Tenancy
 from shaperd.core.protocol import TargetDiff
 from shaperd.core.ids import bpf_program_name
 from shaperd.backends.marks.objects import TARGET, MarkFilter, MarksObserved, MarksPlan
-from shaperd.backends.marks.ops import AddClsact, DeleteMark, SetMark
+from shaperd.backends.common.clsact import AddClsact
+from shaperd.backends.marks.ops import DeleteMark, SetMark
 
 
 def plan(cfg: Config, inv: Inventory, ten: Tenancy) -> MarksPlan:

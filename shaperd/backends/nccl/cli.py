@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+from shaperd.core.exitcodes import EXIT_BAD_INPUT, EXIT_OK, err
+
 FORMATS = ("shell", "json", "configmap")
 
 
@@ -34,9 +36,8 @@ def run(args) -> int:
     cfg = load_file(args.config)
     names = [t.name for t in cfg.tenants]
     if args.tenant not in names:
-        print(f"shaperd: rdma env: no tenant {args.tenant!r} in {args.config}; its tenants are: {', '.join(names)}",
-              file=sys.stderr)
-        return 2
+        err(f"rdma env: no tenant {args.tenant!r} in {args.config}; its tenants are: {', '.join(names)}")
+        return EXIT_BAD_INPUT
     roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
     devices, notes = rdma.discover(roots)
     inv = Inventory(rdma=devices, rdma_notes=notes)
@@ -48,7 +49,7 @@ def run(args) -> int:
         print(f"note: {n}", file=sys.stderr)
     render = {"shell": nccl.shell, "json": nccl.json_text, "configmap": nccl.configmap}[args.output]
     sys.stdout.write(render(env))
-    return 0
+    return EXIT_OK
 
 
 def _about(warnings, index: int) -> list[str]:

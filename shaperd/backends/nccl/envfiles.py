@@ -21,7 +21,7 @@ from shaperd.rdma.plan import RdmaPlan
 
 SUBDIR = ("shaperd", "nccl")  # under Roots.run
 SUFFIX = ".env"
-# A tenant name (config._NAME_RE) followed by .env.
+# A tenant name (config.model.NAME_RE) followed by .env.
 FILE_RE = re.compile(r"^(?P<tenant>[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)\.env$")
 
 

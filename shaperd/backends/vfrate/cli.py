@@ -12,6 +12,7 @@ whose reported minimum is 0 while one is wanted says so. Exit 0 in sync,
 from __future__ import annotations
 
 from shaperd.core import format as output
+from shaperd.core.exitcodes import EXIT_FAILED, EXIT_OK
 
 
 def register(sub, node_opts) -> None:
@@ -51,16 +52,16 @@ def rows(backend, report, refusals: dict | None = None) -> list[dict]:
     return out
 
 
-def read(cfg, roots, reader, kernel=None):
-    """Plan as the running agent does and diff without writing: (backend, report, refusals), for rows()/as_json()."""
+def read(cfg, roots, reader, diff_one, kernel=None):
+    """Plan as the running agent does and diff without writing: (backend, report, refusals), for rows()/as_json().
+
+    ``diff_one(reader, backend, cfg, roots)``: the engine's read-only plan-and-diff (engine/reconciler.py)."""
     from shaperd.backends.vfrate.backend import VfRateBackend, read_refusals
-    from shaperd.engine.reconciler import Reconciler
-    from shaperd.core.inventory import Capabilities
 
     refusals = read_refusals(roots.run / "shaperd" / "vfrate-owned.json")
     backend = VfRateBackend(writer=None, kernel=kernel)  # no record: this command writes nothing, not even that
     backend.adopt_refusals(cfg, refusals)  # plan as the running agent does
-    rep = Reconciler(reader, [backend], Capabilities(), roots=roots).diff(cfg)
+    rep = diff_one(reader, backend, cfg, roots)
     return backend, rep, refusals
 
 
@@ -78,13 +79,13 @@ def run(args) -> int:
     cfg = load_file(args.config)
     roots = Roots.of(sys=args.sysfs_root, proc=args.procfs_root, run=args.run_root, kubelet=args.kubelet_root)
     with RtnlReader(args.netns, run_root=args.run_root) as reader:
-        backend, rep, refusals = read(cfg, roots, reader)
+        backend, rep, refusals = read(cfg, roots, reader, args.diff_one)
     out = as_json(backend, rep, refusals)
     table = out["vfs"]
     bad = [t for t in rep.devices if t.ops or t.blocked or t.error]
     if output.machine(args):
         output.emit(out, args, indent=2)
-        return 1 if bad else 0
+        return EXIT_FAILED if bad else EXIT_OK
     for w in backend.snapshot.desired.warnings:
         print(f"warning: {w}")
     if not table:
@@ -97,4 +98,4 @@ def run(args) -> int:
     for t in rep.devices:
         if t.blocked or t.error:
             print(f"{t.device}: {t.blocked or t.error}")
-    return 1 if bad else 0
+    return EXIT_FAILED if bad else EXIT_OK

@@ -78,7 +78,8 @@ def diff(desired: VfPlan, observed: VfObserved, ours: dict[tuple[str, int], tupl
 
 
 def teardown(observed: VfObserved, ours: dict[tuple[str, int], tuple[int, int]]) -> list[TargetDiff]:
-    return [d for d in diff(VfPlan(), observed, ours) if d.ops]
+    """Per PF with VFs shaperd set: their resets to 0/0, or the error that PF could not be read with."""
+    return diff(VfPlan(), observed, ours)
 
 
 def _op(pf, ifindex, vf, lo, hi, tenant, pci, driver, reason) -> SetVfRate:

@@ -20,7 +20,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from shaperd.core.config import Destination, IPNetwork
+from shaperd.core.config.model import Destination, IPNetwork
 from shaperd.core.errors import ConfigProblem
 from shaperd.core.units import UnitError, parse_rate
 

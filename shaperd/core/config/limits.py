@@ -36,7 +36,7 @@ import os
 
 import yaml
 
-from shaperd.backends.common.objects import HANDLE_MAJOR, TENANT_MINOR_FIRST, TENANT_MINOR_LAST
+from shaperd.core.ids import HANDLE_MAJOR, TENANT_MINOR_FIRST, TENANT_MINOR_LAST
 from shaperd.core.errors import ConfigError, ConfigProblem
 
 MAX_TENANTS = TENANT_MINOR_LAST - TENANT_MINOR_FIRST + 1 - (1 if TENANT_MINOR_FIRST <= HANDLE_MAJOR <= TENANT_MINOR_LAST else 0)
@@ -46,7 +46,7 @@ MAX_YAML_DEPTH = 64
 
 
 class YamlBudgetExceeded(yaml.YAMLError):
-    """Raised from inside the composer; config._yaml turns it into a ConfigError."""
+    """Raised from inside the composer; config.yamldoc._yaml turns it into a ConfigError."""
 
     def __init__(self, count: int):
         self.count = count

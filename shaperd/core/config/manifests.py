@@ -18,7 +18,9 @@ from typing import Any
 import yaml
 
 from shaperd.core.config import cilium
-from shaperd.core.config import CONFIGMAP_KEY, Config, _UniqueKeyLoader, _yaml, from_dict
+from shaperd.core.config.model import CONFIGMAP_KEY, Config
+from shaperd.core.config.validate import from_dict
+from shaperd.core.config.yamldoc import _UniqueKeyLoader, _yaml
 from shaperd.core.errors import ConfigError, ConfigProblem
 
 

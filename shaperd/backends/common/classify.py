@@ -1,0 +1,175 @@
+"""Who is who on an uplink: the classification rules htb and edt share, before either realises them.
+
+The tenants' interfaces, cgroups, marks and source prefixes as class ids (``classification``), the
+eBPF map classifier built from them (``map_classifier_for``), and the capacity every data plane
+shapes to (``checked_capacity``). One planner, two realisations: htb installs the result in an HTB
+tree, edt in its stamper's maps. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from shaperd.backends.common import mapcls
+from shaperd.backends.common.objects import (
+    ETH_P_IP,
+    PRIO_BPF_CGROUP,
+    PRIO_BPF_IFINDEX,
+    PRIO_BPF_MARK,
+    PRIO_U32_V4_BASE,
+    PRIO_U32_V6_BASE,
+    BpfFilter,
+    Filter,
+    U32Filter,
+    classid,
+)
+from shaperd.core.config import Config, check_guarantee_sum
+from shaperd.core.ids import bpf_program_name
+from shaperd.core.inventory import Inventory, Link
+from shaperd.core.units import format_rate
+
+# Share of a NIC's reported speed shaperd shapes to when node.capacity is not
+# set. tc counts Ethernet frames without preamble, FCS and inter-frame gap (24
+# bytes, 1.6 % of a 1514-byte frame); shaping at the full speed would let the
+# queue form in the NIC's shared ring instead of in the tenants' classes
+# (bench/isolation.py: at 100 % the bottleneck dropped; at 99 % it never did).
+LINK_SPEED_USABLE = (98, 100)
+# Ethernet header on top of the MTU: what one full-size frame costs HTB.
+ETH_HLEN = 14
+GSO_MAX_BYTES = 65536
+
+
+def checked_capacity(cfg: Config, link: Link, bad) -> int | None:
+    """The capacity shaped on ``link`` (node.capacity, else LINK_SPEED_USABLE of its speed), with the
+    checks every data plane needs (a capacity exists, no limit above it, guarantees fit); None, after
+    ``bad(path, message)`` calls, when one fails. Shared by the htb and edt planners."""
+    failed: list[str] = []
+
+    def note(path: str, msg: str) -> None:
+        failed.append(path)
+        bad(path, msg)
+
+    capacity = cfg.node.capacity_bps
+    if capacity is None and link.speed_bps:
+        capacity = link.speed_bps * LINK_SPEED_USABLE[0] // LINK_SPEED_USABLE[1]
+    if capacity is None:
+        note("node.capacity", f"required: the kernel reports no link speed for {link.kind or 'this'} device {link.name}")
+        return None
+    for i, t in enumerate(cfg.tenants):
+        if t.limit_bps is not None and t.limit_bps > capacity:
+            note(f"tenants[{i}].bandwidthLimit", f"limit {format_rate(t.limit_bps)} is above capacity {format_rate(capacity)}")
+    check_guarantee_sum(capacity, cfg.node.reserve_bps, cfg.tenants, note, where="capacity")
+    return None if failed else capacity
+
+
+def cgroup_entries(
+    cfg: Config, inv: Inventory, by_pod: dict[str, str], minors: dict[str, int]
+) -> tuple[tuple[tuple[int, int, int], ...], tuple[str, ...]]:
+    """(level, cgroup id, classid) for hostNetwork pods and match.cgroups, labels for rendering."""
+    entries: dict[tuple[int, int], tuple[int, str]] = {}
+    refs = {c.path: c for c in inv.cgroups}
+    for t in cfg.tenants:
+        for path in t.match.cgroups:
+            ref = refs.get(path)
+            if ref is not None:
+                entries.setdefault((ref.level, ref.id), (classid(minors[t.name]), path))
+    for pod in inv.pods:
+        tenant = by_pod.get(pod.uid)
+        if tenant is not None and pod.host_network and pod.cgroup is not None:
+            entries.setdefault((pod.cgroup.level, pod.cgroup.id), (classid(minors[tenant]), f"pod {pod.ref}"))
+    out = tuple(sorted((lvl, cid, cls) for (lvl, cid), (cls, _) in entries.items()))
+    return out, tuple(sorted(label for _, label in entries.values()))
+
+
+@dataclass(frozen=True)
+class Classification:
+    """Who is who on an uplink, before any classifier realises it (one input for the htb and edt planners).
+
+    ``bpf_filters``: the interface, cgroup and mark mappings as cls_bpf filters
+    (empty without cls_bpf); ``src_prefixes``: (network, classid) for every
+    configured source prefix and every non-hostNetwork pod address, in plan
+    order (a configured prefix of the same length wins over a pod's).
+    """
+
+    bpf_filters: tuple[BpfFilter, ...] = ()
+    src_prefixes: tuple[tuple[object, int], ...] = ()
+
+
+def classification(
+    cfg: Config, inv: Inventory, ifmap: dict[int, tuple[str, str]], minors: dict[str, int],
+    by_pod: dict[str, str] | None = None, marks_by_tenant: dict[str, int] | None = None,
+) -> Classification:
+    filters: list[BpfFilter] = []
+    by_pod = by_pod or {}
+    marks_by_tenant = marks_by_tenant or {}
+    if inv.capabilities.bpf:
+        mapping = tuple(sorted((idx, classid(minors[tenant])) for idx, (tenant, _) in ifmap.items()))
+        if mapping:
+            filters.append(
+                BpfFilter(
+                    prio=PRIO_BPF_IFINDEX, name=bpf_program_name(mapping), mapping=mapping,
+                    interfaces=tuple(sorted(name for _, name in ifmap.values())),
+                )
+            )
+        cg_entries, cg_labels = cgroup_entries(cfg, inv, by_pod, minors)
+        if cg_entries:
+            filters.append(BpfFilter(prio=PRIO_BPF_CGROUP, name=bpf_program_name(cg_entries, "cgroup"),
+                                     mapping=cg_entries, interfaces=cg_labels, kind="cgroup"))
+        mark_map = tuple(sorted(
+            (marks_by_tenant[t.name], cfg.node.mark_mask, classid(minors[t.name]))
+            for t in cfg.tenants if t.name in marks_by_tenant
+        ))
+        if mark_map:
+            filters.append(BpfFilter(prio=PRIO_BPF_MARK, name=bpf_program_name(mark_map, "classmark"),
+                                     mapping=mark_map, interfaces=tuple(f"mark 0x{v:x}" for v, _, _ in mark_map),
+                                     kind="mark"))
+    claimed: set = set()
+    src_prefixes: list = []
+    for t in cfg.tenants:
+        for net in t.match.cidrs:
+            src_prefixes.append((net, classid(minors[t.name])))
+            claimed.add(net)
+    for pod in inv.pods:
+        tenant = by_pod.get(pod.uid)
+        if tenant is None or pod.host_network:
+            continue
+        for ip in pod.ips:
+            net = ipaddress.ip_network(ip)
+            if net not in claimed:  # a configured prefix of the same length wins
+                claimed.add(net)
+                src_prefixes.append((net, classid(minors[tenant])))
+    return Classification(tuple(filters), tuple(src_prefixes))
+
+
+def _is_source_prefix(f: U32Filter) -> bool:
+    if f.mark is not None or not f.prefix:
+        return False
+    if f.protocol == ETH_P_IP:
+        return PRIO_U32_V4_BASE <= f.prio <= PRIO_U32_V4_BASE + 32 and all(k.offset == 12 for k in f.keys)
+    return PRIO_U32_V6_BASE <= f.prio <= PRIO_U32_V6_BASE + 128 and all(8 <= k.offset < 24 for k in f.keys)
+
+
+def map_classifier_for(filters: list[Filter], mark_mask: int, dst_scopes=(), src_prefixes=()) -> tuple[
+        mapcls.MapClassifier, list[Filter], list[str]]:
+    """The classifying filters as eBPF map entries: (classifier, filters that stay, warnings)."""
+    ifindex: dict[int, int] = {}
+    cgroups: list[tuple[int, int, int]] = []
+    marks: dict[int, int] = {}
+    prefixes: dict = {}
+    for net, cls in src_prefixes:  # the planner's own (network, classid) pairs: no U32Filter built
+        prefixes.setdefault(net, cls)
+    rest: list[Filter] = []
+    for f in filters:
+        if isinstance(f, BpfFilter) and f.kind == "ifindex":
+            ifindex.update(dict(f.mapping))
+        elif isinstance(f, BpfFilter) and f.kind == "cgroup":
+            cgroups.extend(f.mapping)
+        elif isinstance(f, BpfFilter) and f.kind == "mark":
+            marks.update({value: cls for value, _mask, cls in f.mapping})
+        elif isinstance(f, U32Filter) and _is_source_prefix(f):
+            prefixes.setdefault(ipaddress.ip_network(f.prefix), f.classid)
+        else:
+            rest.append(f)
+    mc, warnings = mapcls.build(mark_mask, ifindex, tuple(cgroups), marks, prefixes, tuple(dst_scopes))
+    return mc, rest, warnings
