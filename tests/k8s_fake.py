@@ -17,7 +17,12 @@ without it gets a 401). Faults (issue 14): ``delay_s``
 HTTP status, e.g. 500), ``gone_loop`` (every watch answered 410, so every
 relist is followed by another 410), ``truncate_watches`` (every watch sends
 half an event line and is cut). ``requests`` logs what every client
-asked for. ``write_kubeconfig`` points a client at it.
+asked for, each with its ``access``: the (verb, API group, resource,
+namespace, name) the real API server's authorizer would check it as
+(``request_access``, after k8s.io/apiserver's RequestInfoFactory), so RBAC
+can be checked against what a client really asked (tests/rbac.py). Writes
+(POST, PUT, PATCH, DELETE) are recorded too and refused with 405: the fake
+serves reads only. ``write_kubeconfig`` points a client at it.
 """
 
 from __future__ import annotations
@@ -30,7 +35,61 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import parse_qs, urlsplit
+
+
+class Access(NamedTuple):
+    """What RBAC authorises a request as (a resource request; ``path`` set instead for a non-resource URL)."""
+
+    verb: str
+    group: str = ""  # "" is the core group (/api/v1)
+    resource: str = ""  # with "/subresource" when there is one, as RBAC rules name it
+    namespace: str = ""  # "" for cluster-scoped and all-namespaces requests
+    name: str = ""
+    path: str = ""  # a non-resource URL (/version, /apis): RBAC's nonResourceURLs
+
+
+_WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
+def request_access(method: str, path: str, query: dict[str, str]) -> Access:
+    """The authorizer's view of one request, as k8s.io/apiserver/pkg/endpoints/request/requestinfo.go derives it:
+    /api/v1/... is the core group and /apis/GROUP/VERSION/... a named one; namespaces/NS/ scopes a request;
+    a GET of a collection is list (watch with watch=true, or under the legacy /watch/ prefix), of a named
+    object get; a list or watch with fieldSelector=metadata.name=X is authorised against resourceNames [X]."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 2:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return Access(verb=method.lower(), path=path)  # discovery, /version, /healthz: non-resource URLs
+    if not rest:
+        return Access(verb=method.lower(), path=path)  # /api/v1, /apis/GROUP/VERSION: discovery
+    legacy_watch = rest[0] == "watch"
+    if legacy_watch:
+        rest = rest[1:]
+    namespace = ""
+    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) != 2:
+        namespace, rest = rest[1], rest[2:]
+    elif len(rest) == 2 and rest[0] == "namespaces":
+        namespace = rest[1]  # GET /api/v1/namespaces/NS is the namespace object itself
+    resource = rest[0]
+    name = rest[1] if len(rest) >= 2 else ""
+    if len(rest) >= 3:
+        resource = f"{resource}/{rest[2]}"
+    if method == "GET":
+        watching = legacy_watch or query.get("watch") in ("1", "true", "True")
+        verb = "watch" if watching else ("get" if name else "list")
+    elif method == "DELETE":
+        verb = "delete" if name else "deletecollection"
+    else:
+        verb = _WRITE_VERBS.get(method, method.lower())
+    sel = query.get("fieldSelector", "")
+    if verb in ("list", "watch") and sel.startswith("metadata.name=") and "," not in sel:
+        name = sel.split("=", 1)[1]
+    return Access(verb, group, resource, namespace, name)
 
 
 def make_pod(name: str, node: str, namespace: str = "default", ips=("10.0.0.1",), labels=None,
@@ -213,10 +272,11 @@ class FakeKubeAPI:
             self._cond.notify_all()
 
     def compact(self) -> None:
-        """Forget history: watches from older versions get 410 Gone."""
+        """Forget history: watches from older versions get 410 Gone (pods and the other collections)."""
         with self._cond:
             self.compacted_rv = self.rv
             self.events = [e for e in self.events if e[0] > self.rv]
+            self.obj_events = [e for e in self.obj_events if e[0] > self.rv]
 
     def drop_watches(self) -> None:
         with self._cond:
@@ -279,6 +339,12 @@ class FakeKubeAPI:
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
+        if since and since < self.compacted_rv:  # history forgotten (compact): 410 Gone, as for pods
+            handler._chunk(json.dumps({"type": "ERROR", "object": {
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Expired",
+                "code": 410, "message": f"too old resource version: {since} ({self.compacted_rv})"}}))
+            handler.wfile.write(b"0\r\n\r\n")
+            return
         with self._cond:
             drop_gen, up_gen = self.drop_gen, self.up_gen
         try:
@@ -310,6 +376,11 @@ class FakeKubeAPI:
     def list_requests(self) -> list[dict]:
         return [r for r in self.requests if not r.get("watch")]
 
+    def accesses(self) -> list[Access]:
+        """Every request so far, as RBAC sees it (request_access), in order."""
+        with self._cond:
+            return [r["access"] for r in self.requests]
+
 
 def _selected(pod: dict | None, node: str | None) -> bool:
     if pod is None or node is None:
@@ -325,16 +396,33 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
-    def do_GET(self) -> None:
+    def _record(self) -> tuple[FakeKubeAPI, object, dict, bool]:
         fake = self.server.fake
         url = urlsplit(self.path)
         q = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         watch = q.get("watch") in ("1", "true", "True")
+        with fake._cond:
+            fake.requests.append({"method": self.command, "path": url.path, "query": q, "watch": watch,
+                                  "resourceVersion": q.get("resourceVersion"), "time": time.monotonic(),
+                                  "authorization": self.headers.get("Authorization"),
+                                  "access": request_access(self.command, url.path, q)})
+        return fake, url, q, watch
+
+    def _refuse_write(self) -> None:
+        """Recorded (an agent that writes shows in ``requests``), then refused: the fake serves reads only."""
+        self._record()
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        self._json(405, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 405,
+                         "reason": "MethodNotAllowed", "message": f"{self.command} is not served by the fake"})
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = _refuse_write
+
+    def do_GET(self) -> None:
+        fake, url, q, watch = self._record()
         sel = q.get("fieldSelector", "")
         with fake._cond:
-            fake.requests.append({"path": url.path, "query": q, "watch": watch,
-                                  "resourceVersion": q.get("resourceVersion"), "time": time.monotonic(),
-                                  "authorization": self.headers.get("Authorization")})
             token = fake.token
             gen = fake.up_gen
             while fake.hanging and fake.running and fake.up_gen == gen:

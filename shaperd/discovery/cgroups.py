@@ -32,10 +32,10 @@ def cgroup2_root(roots: Roots = DEFAULT) -> Path | None:
     return roots.host(found[0]) if found else None
 
 
-def ref(root: Path, path: str | Path) -> CgroupRef | None:
-    """CgroupRef for ``path`` (absolute, or relative to the cgroup2 root)."""
+def ref(root: Path, path: str | Path, roots: Roots = DEFAULT) -> CgroupRef | None:
+    """CgroupRef for ``path`` (absolute as the host names it, under ``roots``; or relative to the cgroup2 root)."""
     p = Path(path)
-    full = p if p.is_absolute() else root / p
+    full = roots.host(p) if p.is_absolute() else root / p
     try:
         rel = full.resolve().relative_to(root.resolve())
         st = os.stat(full)

@@ -164,7 +164,7 @@ class Reconciler:
         if cfg is not None and self.cgroup_root is not None:
             for t in cfg.tenants:
                 for path in t.match.cgroups:
-                    r = cgroups_mod.ref(self.cgroup_root, path)
+                    r = cgroups_mod.ref(self.cgroup_root, path, self.roots)
                     if r is not None:
                         refs.append(r)  # one that is not there is said by unmet()
         rdma, rdma_notes = rdma_mod.discover(self.roots)

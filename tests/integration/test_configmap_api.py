@@ -17,7 +17,7 @@ from pathlib import Path
 
 from shaperd.backends.common.objects import ROOT_HANDLE
 from shaperd.core.ids import assign_minors
-from tests import procs
+from tests import procs, rbac
 from tests.k8s_fake import write_kubeconfig
 
 from .conftest import PY, needs_root, wait_for
@@ -81,6 +81,8 @@ def test_configmap_update_reaches_the_kernel_and_a_bad_one_keeps_the_last_good(b
                              for r in asked)
         daemon.terminate()
         assert daemon.wait(timeout=DEADLINE) == 0
+    # Every request the real daemon made is allowed by daemonset/'s RBAC (tests/rbac.py).
+    assert rbac.denied(rbac.agent_grants(), api.accesses()) == []
 
 
 def test_the_source_design_in_a_cluster_configmap_and_cilium_policy_through_the_api(bed, tmp_path, api):
@@ -116,3 +118,5 @@ def test_the_source_design_in_a_cluster_configmap_and_cilium_policy_through_the_
         assert classes(bed)[A]["ceil"] * 8 == 60 * 10**9
         api.delete_object(cnps, "kubeflow/tenant-a-bandwidth")  # the policy goes: so does the scope, live
         assert wait_for(lambda: leaf not in classes(bed), DEADLINE), log.read_text()[-3000:]
+    # Every request the real daemon made is allowed by daemonset/'s RBAC (tests/rbac.py).
+    assert rbac.denied(rbac.agent_grants(), api.accesses()) == []

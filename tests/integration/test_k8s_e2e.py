@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shaperd.backends.common.objects import ROOT_HANDLE
 from shaperd.core.ids import assign_minors
-from tests import procs
+from tests import procs, rbac
 from tests.k8s_fake import make_pod, write_kubeconfig
 
 from .conftest import PY, SENDER, needs_root, run, wait_for
@@ -134,3 +134,5 @@ def test_pods_followed_live_through_the_api(bed, tmp_path, api):
         assert not lands_in(B)
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=DEADLINE) == 0, tail()
+    # Every request the real daemon made is allowed by daemonset/'s RBAC (tests/rbac.py).
+    assert rbac.denied(rbac.agent_grants(), api.accesses()) == []

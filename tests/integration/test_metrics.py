@@ -34,8 +34,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from shaperd.backends.common.objects import ROOT_HANDLE
+from shaperd.core.ids import assign_minors
 from tests import procs
 
+from . import counted
 from .conftest import PY, SENDER, needs_root, wait_for
 
 pytestmark = needs_root
@@ -60,11 +63,14 @@ tenants:
     priority: 5
     match: {cidrs: [198.18.2.0/24]}
   - name: capped
-    bandwidthGuarantee: 50Mbps
-    bandwidthLimit: 100Mbps
+    bandwidthGuarantee: 10Mbps
+    bandwidthLimit: 20Mbps
     priority: 5
     match: {cidrs: [198.18.3.0/24]}
 """
+# capped's limit is far below what one flooding core sends even while the machine is busy (a busy
+# 2-core run reached 80 Mbit/s): the flood presses on it whatever the load, and the kernel's drop and
+# overlimit counters say that it did.
 # What one UDP datagram costs HTB on an Ethernet veth: payload + UDP 8 + IPv4 20 + Ethernet 14.
 OVERHEAD = 8 + 20 + 14
 
@@ -249,26 +255,40 @@ def test_bytes_packets_guarantee_and_limit_per_tenant(bed, daemon):
 
 
 def test_pressing_on_the_limit_is_borrowing_not_starvation(bed, daemon):
+    """The flood presses on capped's limit (the kernel drops for it); its class sent no more than the limit allows
+    over the time the kernel counted it (tests/integration/counted.py); what it sent above its guarantee is
+    counted as borrowed, and none of it as time below the guarantee. No rate is asserted: a busy machine
+    floods slower, and every check here holds at any speed."""
+    capped = ROOT_HANDLE | assign_minors(["alpha", "beta", "capped"])["capped"]
     m0 = series(bed)
+    k0 = counted.htb_classes(bed.node, "up0")
     sent_total = "shaperd_tenant_transmit_bytes_total"
     with flood(bed, "198.18.3.1") as proc:
+        # Pressing on the limit, as the kernel says: drops in capped's class (its queue overflowed).
+        pressed = wait_for(lambda: counted.pressed(k0, counted.htb_classes(bed.node, "up0"), capped), DEADLINE, 0.2)
+        assert pressed, "the flood never pressed on capped's limit (no drop, no overlimit in its class)"
         seen = until(bed, lambda m: val(m, sent_total, "capped") > val(m0, sent_total, "capped"),
-                     "the flood never reached capped's class")
-        # Six samples (>= 3 s) after one that already saw the flood: the 2 s rate window
-        # holds flood-time samples only.
-        mid = until(bed, lambda m: samples(m) >= samples(seen) + 6, "the sampler stopped sampling")
-        assert proc.poll() is None, "the flood ended before the rate was read"
+                     "the sampler never saw the flood in capped's class")
+        until(bed, lambda m: samples(m) >= samples(seen) + 6, "the sampler stopped sampling")
+        assert proc.poll() is None, "the flood ended before the test had seen it pressing"
+        k1 = counted.htb_classes(bed.node, "up0")
+    assert counted.over_limit(k0, k1, [capped]) == {}  # held to its limit, as the kernel counted
+    assert k1.counters[capped].rate_Bps * 8 == 20 * 10**6
     m1 = drained(bed, "capped")
-    rate = 8 * val(mid, "shaperd_tenant_transmit_rate_bytes_per_second", "capped")
-    assert rate == pytest.approx(100e6, rel=0.15)  # held at its limit
     d = lambda metric: val(m1, metric, "capped") - val(m0, metric, "capped")  # noqa: E731
     assert d("shaperd_tenant_dropped_packets_total") > 0
     assert d("shaperd_tenant_overlimits_total") > 0
-    # Sending at its limit, twice its guarantee, half of what it sent was above the guarantee;
-    # the intervals in which the flood started and stopped borrow less than half.
+    # Borrowed is, per sampling interval, what the class sent above guarantee * interval (report/sampler.py),
+    # so over the samples from m0 to m1: sent - guarantee * (their time apart) <= borrowed <= sent. Their time
+    # apart is read from the samples' wall-clock stamps, taken a moment after the monotonic one the sampler
+    # integrates with: one sampling period (0.5 s) of slack covers that.
     sent = d(sent_total)
-    assert sent > 0
-    assert 0.6 * sent / 2 < d("shaperd_tenant_borrowed_bytes_total") <= 1.1 * sent / 2
+    sampled_s = m1[("shaperd_sampler_last_success_timestamp_seconds", ())] - m0[
+        ("shaperd_sampler_last_success_timestamp_seconds", ())] + 0.5
+    guarantee_Bps = val(m1, "shaperd_tenant_guarantee_bytes_per_second", "capped")
+    borrowed = d("shaperd_tenant_borrowed_bytes_total")
+    assert sent > 0 and sent - guarantee_Bps * sampled_s <= borrowed <= sent, (sent, sampled_s, borrowed)
+    # Pressing on a limit above the guarantee: it had demand and was never below its guarantee.
     assert d("shaperd_tenant_below_guarantee_seconds_total") == 0
 
 

@@ -11,7 +11,7 @@ import subprocess
 from shaperd.backends.common.objects import ROOT_HANDLE
 from shaperd.core.ids import assign_minors
 from shaperd.discovery.kubernetes.volcano import PODGROUPS, QUEUES
-from tests import procs
+from tests import procs, rbac
 from tests.k8s_fake import make_pod, write_kubeconfig
 
 from .conftest import PY, SENDER, needs_root, run, wait_for
@@ -107,6 +107,8 @@ def test_volcano_pods_land_in_their_queues_tenants_and_weight_moves_priority(bed
 
         api.put_object(PODGROUPS, podgroup("job-a", "team-a", "tenant-b-training"))  # the job moves queue
         assert wait_for(lambda: lands_in(ns_a, B), DEADLINE), tail()
+    # Every request the real daemon made is allowed by daemonset/'s RBAC (tests/rbac.py).
+    assert rbac.denied(rbac.agent_grants(), api.accesses()) == []
 
 
 def test_without_volcano_installed_it_says_so_once_and_keeps_working(bed, tmp_path, api):
@@ -123,3 +125,5 @@ def test_without_volcano_installed_it_says_so_once_and_keeps_working(bed, tmp_pa
         assert wait_for(lambda: A in classes(bed) and '"reconciled"' in log.read_text(), DEADLINE), log.read_text()
         absent = [l for l in log.read_text().splitlines() if "k8s_resource_absent" in l]
         assert len(absent) == 2 and all("not installed" in l for l in absent)  # podgroups, queues: once each
+    # Every request the real daemon made is allowed by daemonset/'s RBAC (tests/rbac.py).
+    assert rbac.denied(rbac.agent_grants(), api.accesses()) == []

@@ -14,6 +14,12 @@ Host side (as root, after ``scripts/setup``), re-records the fixtures::
 Guest side (run by the host side through tests/kernel/vm.py)::
 
     python -m tests.kernel.devlink_record --guest OUTDIR
+
+A kernel WITHOUT the family (this machine's) is recorded on the host itself,
+no VM: the tool's CTRL_CMD_GETFAMILY and the kernel's ENOENT answer, in
+``family_absent.strace`` (the unit tests' "this kernel has no devlink")::
+
+    .venv/bin/python -m tests.kernel.devlink_record --absent tests/unit/fixtures/devlink
 """
 
 from __future__ import annotations
@@ -78,11 +84,35 @@ def record(dest: Path) -> int:
     return 0
 
 
+def record_absent(dest: Path) -> int:
+    """On this host (a kernel without the devlink family): what ``devlink`` asked and the kernel answered."""
+    from .guest_probe import run
+
+    step = run(STRACE + ["devlink", "-j", "port", "function", "rate", "show"])
+    if "ENOENT" not in step["stderr"] or "nlctrl" not in step["stderr"]:
+        print(step["stderr"][-4000:], file=sys.stderr)
+        print("this kernel did not answer the devlink family lookup with ENOENT: record --absent on a kernel "
+              "without the devlink family", file=sys.stderr)
+        return 1
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "family_absent.strace").write_text(step["stderr"])
+    meta_path = dest / "recording.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta["absent"] = {"uname": os.uname().release, "argv": step["argv"][len(STRACE):], "rc": step["rc"]}
+    meta_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    print(f"recorded family_absent.strace into {dest} from kernel {os.uname().release}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--guest", action="store_true", help="run inside the guest: capture into DIR/result.json")
+    ap.add_argument("--absent", action="store_true", help="on this host, a kernel without the devlink family: "
+                    "record the family lookup's ENOENT into DIR/family_absent.strace")
     ap.add_argument("dir", type=Path)
     args = ap.parse_args(argv)
+    if args.absent:
+        return record_absent(args.dir)
     return guest(args.dir) if args.guest else record(args.dir)
 
 

@@ -173,6 +173,7 @@ def least_caps(outdir: Path) -> dict:
                     out["stamper_bytes"] = {n: stats[k].bytes if k in stats else 0 for n, k in keys.items()}
                 bins = {int(k): v for k, v in res["bins"].get(str(BRONZE["port"]), {}).items()}
                 out["bronze_alone_mbit"] = mbit(bins, 0.5, BRONZE_S)
+                out["bronze_s"], out["bronze_bytes"] = BRONZE_S, sum(bins.values())
                 out["first_rc"] = first.stop()
             with Daemon(bed, cfg_path, bpffs, work / "run2.log") as second:
                 out["second"] = summary(second, second.wait_reconciled())

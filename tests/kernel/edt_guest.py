@@ -265,10 +265,16 @@ def traffic(bed: Bed, flows: list[tuple[int, int, float, float]], duration: floa
 
 
 def mbit(bins: dict, a: float, b: float) -> float:
-    """Mean Mbit/s over [a, b) seconds from t0."""
+    """Mean Mbit/s over [a, b) seconds from t0 (a measurement for bench/edt_qemu.py, not a pass/fail input)."""
     lo, hi = round(a / BIN_S), round(b / BIN_S)
     total = sum(v for k, v in bins.items() if lo <= int(k) < hi)
     return total * 8 / ((hi - lo) * BIN_S) / 1e6
+
+
+def bytes_before(bins: dict, t_s: float) -> int:
+    """Payload bytes the receiver got before ``t_s`` seconds from t0 (by its own clock, which reads a packet
+    no earlier than it left: so these bytes were all stamped to leave before ``t_s``)."""
+    return sum(v for k, v in bins.items() if int(k) < round(t_s / BIN_S))
 
 
 def isolation(bed: Bed, cfg, rec, dataplane: str, alone_s: float = 3.0, both_s: float = 4.0) -> dict:
@@ -308,6 +314,9 @@ def isolation(bed: Bed, cfg, rec, dataplane: str, alone_s: float = 3.0, both_s: 
     out = {
         "dataplane": dataplane,
         "bronze_alone_mbit": mbit(bronze, 0.5, alone_s),
+        # What the pass/fail tests check: bytes against what the stamper's rates allow (tests/kernel/test_edt.py).
+        "alone_s": alone_s, "both_s": both_s, "bronze_bytes_before_gold": bytes_before(bronze, alone_s),
+        "gold_bytes": sum(gold.values()), "bronze_bytes": sum(bronze.values()),
         "gold_mbit": mbit(gold, alone_s + settle, end),
         "bronze_both_mbit": mbit(bronze, alone_s + settle, end),
         "convergence_s": conv,

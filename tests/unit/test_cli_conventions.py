@@ -25,6 +25,8 @@ from shaperd.engine.reconciler import PlanResult, Report, BackendOutcome, Target
 from shaperd.report import top
 from shaperd.report.sampler import TenantSeries, Target
 
+from ..fake_netlink import FakeKernel
+from .test_plan_golden import NODE as GOLDEN_NODE, node_tree, plan_argv
 from .test_vfrate_backend import CFG as VF_CFG, ops as vf_ops, rig  # noqa: F401 - the fixture
 
 @pytest.fixture(autouse=True)
@@ -67,9 +69,10 @@ def test_check_config_json_and_yaml_are_the_same_object(capsys):
     assert as_json["tenants"][0]["guarantee_bps"] == cfg.tenants[0].guarantee_bps
 
 
-def test_plan_json_holds_the_planned_objects(capsys, monkeypatch):
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # as a user: plan probes no kernel (test_cli_plan.py: as root)
-    assert cli.main(["plan", "-c", str(EXAMPLE), "-o", "json"]) == 0
+def test_plan_json_holds_the_planned_objects(capsys, tmp_path, monkeypatch):
+    FakeKernel(**GOLDEN_NODE).install(monkeypatch)  # the golden test's node (eth0 at 100 Gbit/s), not this host's
+    monkeypatch.setattr(os, "geteuid", lambda: 65534)
+    assert cli.main(plan_argv(EXAMPLE, node_tree(tmp_path)) + ["-o", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     dev = out["desired"]["htb"]["devices"][0]
     assert dev["classes"] and all("rate_bps" in c for c in dev["classes"])

@@ -29,7 +29,9 @@ from shaperd.kernel import devlink as nl
 from shaperd.core.roots import Roots
 from shaperd.core.tenancy import tenancy
 
+from ..fake_netlink import FakeKernel
 from ..rdma_fixture import Node
+from .test_devlink_nl import exchanges as devlink_exchanges
 
 PF = "pci/0000:3b:00.0"
 CFG = """
@@ -377,15 +379,33 @@ def test_stats_snapshot_configured_and_read_back(tmp_path):
     assert b.snapshot.kernel[(PF, "shpd_a")] == (1_250_000, 12_500_000) and b.snapshot.read_ok
 
 
-def test_default_backends_include_devlink_and_this_kernel_disables_it_with_one_note():
+def _default_devlink():
     from shaperd.engine.reconciler import default_backends
 
     (b,) = [b for b in default_backends(writer=None) if b.name == "devlink"]
+    return b
+
+
+def test_default_backends_include_devlink_and_a_kernel_without_it_disables_it_with_one_note(monkeypatch):
+    """The real DevlinkNl on the fake kernel, which answers the family lookup with the ENOENT recorded from a
+    kernel without devlink (tests/unit/fixtures/devlink/family_absent.strace)."""
+    kernel = FakeKernel().install(monkeypatch)
+    b = _default_devlink()
     s = b.probe(Capabilities())
-    if s.enabled:  # pragma: no cover - a kernel with the devlink family
+    assert not s.enabled and len(s.notes) == 1 and "no devlink family" in s.notes[0] and b._nl is None
+    assert [(r.protocol, r.type) for r in kernel.requests] == [(16, 0x10)]  # the family lookup only
+    assert all(sock.closed for sock in kernel.sockets)
+
+
+def test_a_kernel_with_the_family_enables_the_default_devlink_backend(monkeypatch):
+    """The family lookup answered as Debian's 6.1 kernel answered iproute2 (fixtures/devlink/rate_show.strace)."""
+    ((_req, replies), *_rest) = devlink_exchanges("rate_show.strace")
+    FakeKernel(genl_families={"devlink": replies}).install(monkeypatch)
+    b = _default_devlink()
+    try:
+        assert b.probe(Capabilities()).enabled and b._nl.family() == 0x15
+    finally:
         b.close()
-        pytest.skip("this kernel has the devlink family")
-    assert len(s.notes) == 1 and "no devlink family" in s.notes[0] and b._nl is None
 
 
 def test_through_the_engine_the_second_apply_sends_no_write(tmp_path):

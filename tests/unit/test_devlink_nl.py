@@ -7,7 +7,9 @@ has the devlink family and no devlink device) and what that kernel answered:
 the family id, then ENODEV for every rate write. The family id (0x15 there)
 and the sequence number (the tool's clock) are the kernel's and the tool's
 choice: each comparison puts the recorded ones into shaperd's encoder, so
-every other byte is compared as is. RATE_GET dump replies with objects in
+every other byte is compared as is. ``family_absent.strace`` is a kernel
+without the family (this machine's, recorded on the host with ``--absent``):
+the lookup's ENOENT. RATE_GET dump replies with objects in
 them cannot be recorded without a switchdev NIC: those are hand-built here
 (``hand_built_*``), laid out as include/uapi/linux/devlink.h says.
 """
@@ -26,7 +28,7 @@ from shaperd.core.errors import KernelError
 from shaperd.kernel import devlink as dl
 from shaperd.kernel import nlmsg
 
-from .. import strace_dump
+from .. import fake_netlink, strace_dump
 
 FIX = Path(__file__).parent / "fixtures" / "devlink"
 DEV = "pci/0000:00:00.0"
@@ -278,19 +280,21 @@ def test_interrupted_dump_is_read_again():
     assert [r.node for r in rows] == ["shpd_b"] and len(sock.sent) == 2
 
 
-def test_this_machines_kernel():
-    """The real kernel here: no devlink family (a typed DevlinkAbsent), or a family whose dump answers."""
-    try:
-        nl = dl.DevlinkNl()
-    except KernelError as e:  # pragma: no cover - a sandbox without netlink sockets
-        pytest.skip(f"no generic netlink socket: {e}")
-    with nl:
-        try:
-            rows = nl.rates()
-        except dl.DevlinkAbsent as e:
-            assert e.errno == errno.ENOENT and "no devlink family" in str(e)
-            return
-        assert isinstance(rows, list)  # pragma: no cover - a kernel with devlink (the QEMU recording covers it)
+def test_a_kernel_without_the_family_is_devlink_absent():
+    """Recorded on a kernel without the devlink family (recording.json "absent": this machine's): the tool's
+    family lookup got ENOENT. shaperd's lookup is the same request, byte for byte (seq aside), and that
+    answer is a typed DevlinkAbsent; nothing else is sent."""
+    nl, sock = replay("family_absent.strace")
+    with pytest.raises(dl.DevlinkAbsent) as e:
+        nl.rates()
+    assert e.value.errno == errno.ENOENT and "no devlink family" in str(e.value)
+    assert len(sock.sent) == 1
+
+
+def test_the_fake_kernels_missing_family_is_the_recorded_answer():
+    """tests/fake_netlink.py answers an unknown family as the kernel did (seq and port id are the fake's)."""
+    ((req, (reply,)),) = exchanges("family_absent.strace")
+    assert fake_netlink.error_reply(req, errno.ENOENT) == fake_netlink.restamp(reply, hdr(req)[3])
 
 
 def test_recording_metadata():

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
-import yaml
 
 from shaperd.discovery.kubernetes.configmap import ConfigMapSource, parse_ref
 from shaperd.discovery.kubernetes.resources import ResourceWatcher
 from shaperd.core.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
 CMS = "/api/v1/namespaces/kubeflow/configmaps"
 PGS = "/apis/scheduling.volcano.sh/v1beta1/podgroups"
 
@@ -96,18 +93,6 @@ def test_configmap_source_reads_only_its_object(api):
 def test_config_map_refs_are_namespace_slash_name(bad):
     with pytest.raises(ValueError):
         parse_ref(bad)
-
-
-def test_rbac_files_grant_read_only_and_one_configmap():
-    cm = list(yaml.safe_load_all((ROOT / "daemonset" / "components" / "config-map" / "rbac.yaml").read_text()))
-    rule = cm[0]["rules"][0]
-    assert rule["resourceNames"] == ["training-network-isolation"] and set(rule["verbs"]) == {"get", "list", "watch"}
-    vol = list(yaml.safe_load_all((ROOT / "daemonset" / "components" / "volcano" / "rbac.yaml").read_text()))
-    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in vol[0]["rules"])
-    assert vol[0]["rules"][0]["apiGroups"] == ["scheduling.volcano.sh"]
-    cil = list(yaml.safe_load_all((ROOT / "daemonset" / "components" / "cilium-policies" / "rbac.yaml").read_text()))
-    assert cil[0]["rules"][0]["apiGroups"] == ["cilium.io"] and set(cil[0]["rules"][0]["verbs"]) == {
-        "get", "list", "watch"}
 
 
 CNPS = "/apis/cilium.io/v2/ciliumnetworkpolicies"
