@@ -312,7 +312,10 @@ class Daemon:
                 due = now
             if due is not None and now >= due and not self.stop:
                 due = self.reconcile(rec)
-                self._drain()  # the echo of our own writes is not news
+                # The echo of our own writes is not news; but an overflow here may have dropped someone
+                # else's events with it (seen when a burst outlasts the reconcile): read everything again.
+                if self._drain().overflow and due is None:
+                    due = time.monotonic() + EVENT_DEBOUNCE_S
                 next_resync = time.monotonic() + self.resync_s
             self.notify.loop_pass(healthy=self.healthy, status=self._status(), ready=self.reconciled_once)
 
