@@ -353,10 +353,9 @@ class Reconciler:
 
 
 def default_backends(writer, take_over: bool = False, roots: Roots = DEFAULT, netns: str | None = None,
-                     pins=None, stamper_pins=None, capabilities: Capabilities | None = None) -> list[Backend]:
-    """Every registered backend (engine/registry.py), in the order they are reconciled.
-
-    ``stamper_pins`` is accepted for older callers and ignored: edt derives its own from ``capabilities``."""
+                     pins=None, capabilities: Capabilities | None = None) -> list[Backend]:
+    """Every registered backend (engine/registry.py), in the order they are reconciled; ``pins``: the map
+    classifier's PinStore (edt derives its stampers' from ``capabilities``)."""
     from shaperd.engine.registry import REGISTRY
 
     return REGISTRY.build(NodeContext(writer=writer, roots=roots, netns=netns, take_over=take_over,

@@ -28,7 +28,7 @@ from shaperd.core.ids import bpf_program_name
 from shaperd.core.protocol import TargetDiff
 from shaperd.engine.reconciler import Reconciler, default_backends
 from shaperd.kernel import faults, tc
-from shaperd.kernel.probe import probe_capabilities
+from shaperd.engine.probe import probe_capabilities
 from shaperd.kernel.rtnl import RTM_GETTCLASS, RTM_GETTFILTER, RtnlReader
 from shaperd_bed import netns
 

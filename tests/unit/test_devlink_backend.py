@@ -12,7 +12,6 @@ import errno
 import itertools
 import json
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
