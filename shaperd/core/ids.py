@@ -38,24 +38,31 @@ def assign_minors(names: list[str] | tuple[str, ...], taken_minors: frozenset[in
     return out
 
 
-def assign_marks(names: list[str] | tuple[str, ...], mask: int) -> dict[str, int]:
+def assign_marks(names: list[str] | tuple[str, ...], mask: int, taken_marks: frozenset[int] = frozenset(),
+                 salt: bytes = b"mark\0") -> dict[str, int]:
     """skb->mark value per tenant inside ``mask``, derived from the name like class minors.
 
-    Tenants beyond the mask's capacity get no mark (tenancy warns).
+    Tenants beyond the mask's capacity get no mark (tenancy warns). ``taken_marks`` (already shifted
+    values) are skipped: capped pods get theirs after the tenants' (``salt`` b"podmark\0", by uid).
     """
     shift = (mask & -mask).bit_length() - 1
     span = mask >> shift  # values 1..span (0 means "no tenant")
     out: dict[str, int] = {}
-    taken: set[int] = set()
+    taken: set[int] = {m >> shift for m in taken_marks}
     for name in sorted(names):
         if len(taken) >= span:
             break
-        v = 1 + int.from_bytes(hashlib.sha256(b"mark\0" + name.encode()).digest()[:4], "big") % span
+        v = 1 + int.from_bytes(hashlib.sha256(salt + name.encode()).digest()[:4], "big") % span
         while v in taken:
             v = 1 + v % span
         taken.add(v)
         out[name] = v << shift
     return out
+
+
+def pod_class_name(uid: str) -> str:
+    """The identity a capped pod's class minor is derived from (assign_minors), beside tenants and scopes."""
+    return f"pod\0{uid}"
 
 
 def bpf_program_name(mapping: tuple[tuple[int, ...], ...], kind: str = "") -> str:

@@ -93,6 +93,9 @@ class Pod:
     problems: tuple[str, ...] = ()
     # Its Volcano queue (PodGroup spec.queue, else queue-name label/annotation), when Volcano is watched.
     volcano_queue: str | None = None
+    # The raw values of its bandwidth annotations (core/podcaps.py parses them); None: not annotated.
+    egress_bandwidth: str | None = None
+    ingress_bandwidth: str | None = None
 
     @property
     def ref(self) -> str:

@@ -16,6 +16,10 @@ from shaperd.core.dataplane import select as select_dataplanes
 from shaperd.core.ids import assign_marks
 from shaperd.core.config import Config
 from shaperd.core.inventory import Inventory, Link, Pod
+from shaperd.core.podcaps import InvalidAnnotation, PodCap, pod_caps
+
+# Share of a NIC's reported speed shaped when node.capacity is not set (backends/common/classify.py says why).
+LINK_SPEED_USABLE = (98, 100)
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,17 @@ class Tenancy:
     warnings: tuple[str, ...] = ()
     # uplink name -> "htb" | "edt": which backend plans it (backends/edt/select.py; absent = htb).
     dataplanes: dict[str, str] = field(default_factory=dict)
+    # pod uid -> its per-pod caps (kubernetes.io/{egress,ingress}-bandwidth, core/podcaps.py); only capped pods.
+    pod_caps: dict[str, PodCap] = field(default_factory=dict)
+    # Annotation values refused, one entry per pod, key and value (logged once by the engine, and counted).
+    invalid_annotations: tuple[InvalidAnnotation, ...] = ()
+    # pod uid -> skb->mark value of its own, for pods with an egress cap (so a mark classifies them to their
+    # own class, not their tenant's); pods the mask has no value left for are classified without a mark.
+    pod_marks: dict[str, int] = field(default_factory=dict)
+
+    def egress_capped(self) -> dict[str, PodCap]:
+        """uid -> PodCap of the pods with an egress cap."""
+        return {u: c for u, c in self.pod_caps.items() if c.egress_bps is not None}
 
     @property
     def uplink_names(self) -> set[str]:
@@ -56,8 +71,21 @@ def tenancy(cfg: Config, inv: Inventory, refused: dict | None = None) -> Tenancy
                 warnings.append(f"pod {pod.ref} (tenant {by_pod[pod.uid]}): {problem}")
     planes, planewarn = select_dataplanes(cfg, devices, inv.capabilities, (refused or {}).get("edt"))
     warnings.extend(planewarn)
+    caps, invalid = pod_caps(inv.pods, by_pod, shaped_capacity_bps(cfg, devices))
+    pod_marks = assign_marks([u for u, c in caps.items() if c.egress_bps is not None], cfg.node.mark_mask,
+                             frozenset(marks.values()), salt=b"podmark\0")
     return Tenancy(uplinks=tuple(devices), interfaces=ifmap, pod_tenants=by_pod, marks=marks,
-                   warnings=tuple(warnings), dataplanes=planes)
+                   warnings=tuple(warnings), dataplanes=planes, pod_caps=caps, invalid_annotations=invalid,
+                   pod_marks=pod_marks)
+
+
+def shaped_capacity_bps(cfg: Config, devices: list[Link]) -> int | None:
+    """The largest capacity shaped on this node's uplinks (node.capacity, else the usable share of the
+    fastest uplink's speed): no per-pod cap can be above it. None where no capacity is known yet."""
+    if cfg.node.capacity_bps is not None:
+        return cfg.node.capacity_bps
+    speeds = [l.speed_bps for l in devices if l.speed_bps]
+    return max(speeds) * LINK_SPEED_USABLE[0] // LINK_SPEED_USABLE[1] if speeds else None
 
 
 def pod_tenants(cfg: Config, pods: tuple[Pod, ...]) -> tuple[dict[str, str], list[str]]:

@@ -13,6 +13,7 @@ import socket
 from pathlib import Path
 
 from shaperd.core.errors import KernelError
+from shaperd.core.podcaps import EGRESS_ANNOTATION, INGRESS_ANNOTATION
 from shaperd.core.inventory import Link, Pod
 from shaperd.discovery import cgroups
 
@@ -84,6 +85,15 @@ def resolve(reader, pod_infos, links: tuple[Link, ...], cgroup_root: Path | None
                 labels=tuple(sorted(info.labels.items())), ips=tuple(info.ips), host_network=info.host_network,
                 host_ifindex=host_ifindex, host_ifname=host_ifname, cgroup=cg, problems=tuple(problems),
                 volcano_queue=getattr(info, "volcano_queue", None),
+                egress_bandwidth=_annotation(info, EGRESS_ANNOTATION),
+                ingress_bandwidth=_annotation(info, INGRESS_ANNOTATION),
             )
         )
     return tuple(out)
+
+
+def _annotation(info, key: str) -> str | None:
+    """A kept annotation's raw value (core/podcaps.py parses it); None where the pod has none."""
+    ann = getattr(info, "annotations", None) or {}
+    v = ann.get(key)
+    return v if isinstance(v, str) else None

@@ -25,16 +25,17 @@ from shaperd.backends.common.objects import (
     classid,
 )
 from shaperd.core.config import Config, check_guarantee_sum
-from shaperd.core.ids import bpf_program_name
+from shaperd.core.ids import assign_minors, bpf_program_name, pod_class_name
 from shaperd.core.inventory import Inventory, Link
 from shaperd.core.units import format_rate
+from shaperd.core import tenancy as tenancy_mod
 
 # Share of a NIC's reported speed shaperd shapes to when node.capacity is not
 # set. tc counts Ethernet frames without preamble, FCS and inter-frame gap (24
 # bytes, 1.6 % of a 1514-byte frame); shaping at the full speed would let the
 # queue form in the NIC's shared ring instead of in the tenants' classes
 # (bench/isolation.py: at 100 % the bottleneck dropped; at 99 % it never did).
-LINK_SPEED_USABLE = (98, 100)
+LINK_SPEED_USABLE = tenancy_mod.LINK_SPEED_USABLE
 # Ethernet header on top of the MTU: what one full-size frame costs HTB.
 ETH_HLEN = 14
 GSO_MAX_BYTES = 65536
@@ -63,12 +64,30 @@ def checked_capacity(cfg: Config, link: Link, bad) -> int | None:
     return None if failed else capacity
 
 
+def pod_minors(capped_uids, taken: set[int] | frozenset[int]) -> dict[str, int]:
+    """uid -> class minor of each pod with an egress cap, derived from its uid (ids.pod_class_name), never a
+    tenant's or a scope leaf's (``taken``). Shared by htb (a class) and edt (a stamper key), so the map
+    classifier's entries mean the same on both data planes."""
+    uids = sorted(capped_uids)
+    if not uids:
+        return {}
+    m = assign_minors([pod_class_name(u) for u in uids], frozenset(taken))
+    return {u: m[pod_class_name(u)] for u in uids}
+
+
 def cgroup_entries(
-    cfg: Config, inv: Inventory, by_pod: dict[str, str], minors: dict[str, int]
+    cfg: Config, inv: Inventory, by_pod: dict[str, str], minors: dict[str, int],
+    pod_classes: dict[str, int] | None = None,
 ) -> tuple[tuple[tuple[int, int, int], ...], tuple[str, ...]]:
-    """(level, cgroup id, classid) for hostNetwork pods and match.cgroups, labels for rendering."""
+    """(level, cgroup id, classid) for hostNetwork pods and match.cgroups, labels for rendering.
+
+    ``pod_classes``: uid -> minor of capped pods: a capped hostNetwork pod's cgroup maps to its own class."""
     entries: dict[tuple[int, int], tuple[int, str]] = {}
     refs = {c.path: c for c in inv.cgroups}
+    pod_classes = pod_classes or {}
+    for pod in inv.pods:  # a capped pod's own class first: more specific than its tenant's cgroups
+        if pod.uid in pod_classes and pod.host_network and pod.cgroup is not None:
+            entries.setdefault((pod.cgroup.level, pod.cgroup.id), (classid(pod_classes[pod.uid]), f"pod {pod.ref}"))
     for t in cfg.tenants:
         for path in t.match.cgroups:
             ref = refs.get(path)
@@ -99,26 +118,39 @@ class Classification:
 def classification(
     cfg: Config, inv: Inventory, ifmap: dict[int, tuple[str, str]], minors: dict[str, int],
     by_pod: dict[str, str] | None = None, marks_by_tenant: dict[str, int] | None = None,
+    pod_classes: dict[str, int] | None = None, pod_marks: dict[str, int] | None = None,
+    shaped: set[str] | frozenset[str] = frozenset(),
 ) -> Classification:
+    """``pod_classes``: uid -> class minor of each pod with an egress cap (pod_minors): its host interface,
+    cgroup, own mark (``pod_marks``: uid -> mark) and addresses map to that class instead of its tenant's.
+    ``shaped``: the uplinks' names (a pod whose host interface is an uplink gets no interface entry)."""
     filters: list[BpfFilter] = []
     by_pod = by_pod or {}
     marks_by_tenant = marks_by_tenant or {}
+    pod_classes = pod_classes or {}
+    pod_marks = pod_marks or {}
     if inv.capabilities.bpf:
-        mapping = tuple(sorted((idx, classid(minors[tenant])) for idx, (tenant, _) in ifmap.items()))
+        by_ifindex = {idx: (classid(minors[tenant]), name) for idx, (tenant, name) in ifmap.items()}
+        for pod in inv.pods:  # a capped pod's own host interface (routed veth): skb->ingress_ifindex
+            if (pod.uid in pod_classes and not pod.host_network and pod.host_ifindex is not None
+                    and pod.host_ifname not in shaped):
+                by_ifindex[pod.host_ifindex] = (classid(pod_classes[pod.uid]), pod.host_ifname or str(pod.host_ifindex))
+        mapping = tuple(sorted((idx, cls) for idx, (cls, _) in by_ifindex.items()))
         if mapping:
             filters.append(
                 BpfFilter(
                     prio=PRIO_BPF_IFINDEX, name=bpf_program_name(mapping), mapping=mapping,
-                    interfaces=tuple(sorted(name for _, name in ifmap.values())),
+                    interfaces=tuple(sorted(name for _, name in by_ifindex.values())),
                 )
             )
-        cg_entries, cg_labels = cgroup_entries(cfg, inv, by_pod, minors)
+        cg_entries, cg_labels = cgroup_entries(cfg, inv, by_pod, minors, pod_classes)
         if cg_entries:
             filters.append(BpfFilter(prio=PRIO_BPF_CGROUP, name=bpf_program_name(cg_entries, "cgroup"),
                                      mapping=cg_entries, interfaces=cg_labels, kind="cgroup"))
         mark_map = tuple(sorted(
-            (marks_by_tenant[t.name], cfg.node.mark_mask, classid(minors[t.name]))
-            for t in cfg.tenants if t.name in marks_by_tenant
+            [(marks_by_tenant[t.name], cfg.node.mark_mask, classid(minors[t.name]))
+             for t in cfg.tenants if t.name in marks_by_tenant]
+            + [(pod_marks[u], cfg.node.mark_mask, classid(m)) for u, m in pod_classes.items() if u in pod_marks]
         ))
         if mark_map:
             filters.append(BpfFilter(prio=PRIO_BPF_MARK, name=bpf_program_name(mark_map, "classmark"),
@@ -132,13 +164,14 @@ def classification(
             claimed.add(net)
     for pod in inv.pods:
         tenant = by_pod.get(pod.uid)
-        if tenant is None or pod.host_network:
+        if pod.host_network or (tenant is None and pod.uid not in pod_classes):
             continue
+        cls = classid(pod_classes[pod.uid]) if pod.uid in pod_classes else classid(minors[tenant])
         for ip in pod.ips:
             net = ipaddress.ip_network(ip)
             if net not in claimed:  # a configured prefix of the same length wins
                 claimed.add(net)
-                src_prefixes.append((net, classid(minors[tenant])))
+                src_prefixes.append((net, cls))
     return Classification(tuple(filters), tuple(src_prefixes))
 
 

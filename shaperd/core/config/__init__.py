@@ -14,8 +14,9 @@ Pure: reads only the file it is given.
 from shaperd.core.config.loader import load_file, load_text  # noqa: F401
 from shaperd.core.config.model import (  # noqa: F401
     IPNetwork, CONFIGMAP_KEY, DEFAULT_POD_LABEL, NAME_RE, IFNAME_GLOB_RE, Match,
-    Destination, RdmaDeviceRef, Rdma, Tenant, Node, DATAPLANES,
+    Destination, Ingress, RdmaDeviceRef, Rdma, Tenant, Node, DATAPLANES,
     HTB_OFFLOAD_MODES, Config, DEFAULT_RESERVE_FRACTION, default_reserve_bps, check_guarantee_sum,
+    check_ingress_sum,
 )
 from shaperd.core.config.validate import PRIORITY_FROM, from_dict  # noqa: F401
 from shaperd.core.errors import ConfigError, ConfigProblem  # noqa: F401 - what loading raises

@@ -77,6 +77,20 @@ class Rdma:
 
 
 @dataclass(frozen=True)
+class Ingress:
+    """A tenant's inbound share (``tenants[].ingress``): what arrives over the shaped uplinks towards its
+    pods and addresses, shaped on an IFB device fed from the uplink's ingress (backends/ingress/).
+
+    None fields: no guarantee (the tenant takes what is left over, at the lowest rate HTB allows), or no
+    limit (it may take the whole capacity). Shaping at the receiver only works where the sender backs off
+    (TCP); docs/configuration.md says what it cannot promise.
+    """
+
+    guarantee_bps: int | None = None
+    limit_bps: int | None = None
+
+
+@dataclass(frozen=True)
 class Tenant:
     name: str
     guarantee_bps: int
@@ -89,6 +103,8 @@ class Tenant:
     destinations: tuple[Destination, ...] = ()
     # "volcanoQueue": the priority follows the weight of the tenant's Volcano queue (when known).
     priority_from: str | None = None
+    # Inbound shaping (tenants[].ingress); None: its inbound traffic is not shaped (the IFB's default class).
+    ingress: Ingress | None = None
 
     def effective_pod_labels(self) -> Mapping[str, str]:
         return self.match.pod_labels if self.match.pod_labels is not None else {DEFAULT_POD_LABEL: self.name}
@@ -153,6 +169,19 @@ def check_guarantee_sum(capacity_bps: int, reserve_bps: int | None, tenants, bad
         bad(
             "tenants",
             f"the sum of guarantees {format_rate(total)} plus {how} {format_rate(reserve)} is above "
+            f"{where} {format_rate(capacity_bps)}; expected at most the capacity",
+        )
+
+
+def check_ingress_sum(capacity_bps: int, reserve_bps: int | None, tenants, bad, where: str) -> None:
+    """Σ ingress guarantees + reserve must fit in capacity, as on egress (the same reserve is kept inbound)."""
+    reserve = reserve_bps if reserve_bps is not None else default_reserve_bps(capacity_bps)
+    total = sum(t.ingress.guarantee_bps or 0 for t in tenants if t.ingress is not None)
+    if total and total + reserve > capacity_bps:
+        how = "node.reserve" if reserve_bps is not None else "the default reserve (1 % of capacity)"
+        bad(
+            "tenants",
+            f"the sum of ingress guarantees {format_rate(total)} plus {how} {format_rate(reserve)} is above "
             f"{where} {format_rate(capacity_bps)}; expected at most the capacity",
         )
 

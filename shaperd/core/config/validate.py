@@ -12,7 +12,8 @@ from typing import Any
 
 from shaperd.core.config import limits as config_limits
 from shaperd.core.config.model import (
-    Config, DATAPLANES, Destination, HTB_OFFLOAD_MODES, IPNetwork, Match, Node, Rdma, RdmaDeviceRef, Tenant, check_guarantee_sum,
+    Config, DATAPLANES, Destination, HTB_OFFLOAD_MODES, IPNetwork, Ingress, Match, Node, Rdma, RdmaDeviceRef, Tenant,
+    check_guarantee_sum, check_ingress_sum,
 )
 from shaperd.core.config.model import IFNAME_GLOB_RE as _IFNAME_GLOB_RE, NAME_RE as _NAME_RE
 from shaperd.core.errors import ConfigError, ConfigProblem
@@ -30,7 +31,8 @@ def from_dict(doc: Any, source: str = "<memory>", prefix: str = "") -> Config:
 _TOP_KEYS = {"tenants", "node"}
 _NODE_KEYS = {"interfaces", "capacity", "reserve", "takeOver", "markMask", "dataplane", "htbOffload"}
 _TENANT_KEYS = {"name", "bandwidthGuarantee", "bandwidthLimit", "priority", "match", "rdma", "destinations",
-                "priorityFrom"}
+                "priorityFrom", "ingress"}
+_INGRESS_KEYS = {"bandwidthGuarantee", "bandwidthLimit"}
 PRIORITY_FROM = ("volcanoQueue",)
 _DEST_KEYS = {"cidrs", "bandwidthLimit"}
 _RDMA_KEYS = {"devices", "serviceLevel", "trafficClass", "nccl"}
@@ -174,6 +176,7 @@ class _Validator:
         match = self.match(m.get("match"), f"{path}.match")
         rdma = self.rdma(m.get("rdma"), f"{path}.rdma")
         dests = self.destinations(m.get("destinations"), f"{path}.destinations")
+        ingress = self.ingress(m.get("ingress"), f"{path}.ingress") if "ingress" in m else None
         pfrom = m.get("priorityFrom")
         if pfrom is not None and pfrom not in PRIORITY_FROM:
             self.bad(f"{path}.priorityFrom", f"expected one of {', '.join(PRIORITY_FROM)}, got {pfrom!r}")
@@ -182,7 +185,24 @@ class _Validator:
         if len(self.problems) != before or name is None or guarantee is None:
             return None
         return Tenant(name=name, guarantee_bps=guarantee, limit_bps=limit, priority=prio, match=match, rdma=rdma,
-                      destinations=dests, priority_from=pfrom)
+                      destinations=dests, priority_from=pfrom, ingress=ingress)
+
+    def ingress(self, obj: Any, path: str) -> Ingress | None:
+        m = self.mapping(obj, path)
+        if m is None:
+            return None
+        self.keys(m, _INGRESS_KEYS, path)
+        if not m:
+            self.bad(path, "expected bandwidthGuarantee and/or bandwidthLimit (rates such as '150Mbps')")
+            return None
+        guarantee = self.rate(m.get("bandwidthGuarantee"), f"{path}.bandwidthGuarantee", required=False)
+        limit = self.rate(m.get("bandwidthLimit"), f"{path}.bandwidthLimit", required=False)
+        if guarantee is not None and limit is not None and guarantee > limit:
+            self.bad(f"{path}.bandwidthGuarantee", f"guarantee {format_rate(guarantee)} is above the limit "
+                     f"{format_rate(limit)}; expected guarantee <= limit")
+        if guarantee is None and limit is None:
+            return None
+        return Ingress(guarantee_bps=guarantee, limit_bps=limit)
 
     def destinations(self, obj: Any, path: str) -> tuple[Destination, ...]:
         if obj is None:
@@ -315,6 +335,11 @@ class _Validator:
                     f"limit {format_rate(t.limit_bps)} is above node.capacity {format_rate(cap)}",
                 )
         check_guarantee_sum(cap, node.reserve_bps, [t for _, t in tenants], self.bad, where="node.capacity")
+        for i, t in tenants:
+            if t.ingress is not None and t.ingress.limit_bps is not None and t.ingress.limit_bps > cap:
+                self.bad(f"tenants[{i}].ingress.bandwidthLimit",
+                         f"limit {format_rate(t.ingress.limit_bps)} is above node.capacity {format_rate(cap)}")
+        check_ingress_sum(cap, node.reserve_bps, [t for _, t in tenants], self.bad, where="node.capacity")
 
 
 def _contiguous(mask: int) -> bool:

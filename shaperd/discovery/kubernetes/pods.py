@@ -15,16 +15,20 @@ Must not: make requests or keep state.
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shaperd.core.podcaps import ANNOTATIONS
 from shaperd.discovery.kubernetes.errors import PodParseError
 
 # Volcano: the pod's PodGroup, and the queue-name fallbacks (label or annotation).
 GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"
 QUEUE_NAME_KEYS = ("volcano.sh/queue-name", "scheduling.volcano.sh/queue-name")
-KEPT_ANNOTATIONS = frozenset({GROUP_NAME_ANNOTATION, *QUEUE_NAME_KEYS})
+# Per-pod bandwidth caps (core/podcaps.py): a changed value is a change that matters.
+BANDWIDTH_ANNOTATIONS = ANNOTATIONS
+KEPT_ANNOTATIONS = frozenset({GROUP_NAME_ANNOTATION, *QUEUE_NAME_KEYS, *BANDWIDTH_ANNOTATIONS})
 
 
 class FrozenMap(Mapping[str, str]):
@@ -135,6 +139,9 @@ class PodInfo:
         if not isinstance(ann, dict):
             raise fail("metadata.annotations", "an object of strings", ann)
         kept = {k: v for k, v in ann.items() if k in KEPT_ANNOTATIONS and isinstance(v, str)}
+        for k in BANDWIDTH_ANNOTATIONS:  # a non-string value is reported as refused (podcaps), not dropped
+            if k in ann and not isinstance(ann[k], str):
+                kept[k] = json.dumps(ann[k])
         return cls(
             uid=uid, namespace=ns, name=name, labels=FrozenMap(labels), ips=tuple(ips),
             host_network=host_network, qos_class=qos or None, phase=phase, node=node,
