@@ -234,3 +234,26 @@ def test_an_in_sync_node_with_capped_pods_reconciles_to_no_write_twice():
     for _ in range(2):
         (td,) = b.diff(p, EdtObserved({2: in_sync_state(dp)}))
         assert td.ops == []
+
+
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+
+@settings(max_examples=40, deadline=None)
+@given(hs.lists(hs.tuples(hs.sampled_from(["train", "batch", "default"]), hs.integers(1, 980)),  # <= the link
+                min_size=0, max_size=12), hs.randoms(use_true_random=False))
+def test_pod_keys_are_unique_never_a_tenants_within_limits_and_independent_of_pod_order(caps, rnd):
+    pod_list = [pod(f"u{i}", ns, f"{mbit}M", f"198.18.6.{i + 1}") for i, (ns, mbit) in enumerate(caps)]
+    (dp,) = planned(tuple(pod_list))[0].devices
+    shuffled = list(pod_list)
+    rnd.shuffle(shuffled)
+    (dp2,) = planned(tuple(shuffled))[0].devices
+    assert dp2.pods == dp.pods and dp2.map_classifier == dp.map_classifier
+    keys = [q.key for q in dp.pods]
+    assert len(set(keys)) == len(keys) == len(pod_list)
+    shares = {s.key: s for s in dp.shares}
+    assert not set(keys) & set(shares)
+    for q in dp.pods:
+        assert q.parent in shares and q.rate_bps <= min(q.cap_bps, shares[q.parent].limit_bps, dp.capacity_bps)
+        assert q.rate_bps == min(q.cap_bps, shares[q.parent].limit_bps, dp.capacity_bps)
