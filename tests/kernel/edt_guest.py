@@ -343,8 +343,9 @@ def status_step(bed: Bed, dataplane: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         cfg = Path(d) / "tenants.yaml"
         cfg.write_text(tenants_yaml(dataplane))
+        # 120 s: under TCG the command's imports alone (over the shared 9p filesystem) took 40-60 s.
         r = sh([sys.executable, "-m", "shaperd", "status", "-o", "json", "--netns", bed.node, "--config", str(cfg),
-                "--interval", "0.2"], check=False)
+                "--interval", "0.2"], timeout=120.0, check=False)
     doc = json.loads(r.stdout.splitlines()[-1]) if r.stdout.strip() else {}
     return {"rc": r.returncode, "stderr": r.stderr[-2000:], "edt": doc.get("edt"), "edt_errors": doc.get("edt_errors")}
 
