@@ -218,6 +218,11 @@ class HtbBackend:
                 c = by_id.get(cid)
                 if c is not None:
                     out.targets[(dp.device, cid)] = ClassTarget(tenant, dp.device, cid, c.rate_bps, c.ceil_bps)
+            for p in desired.pods:  # capped pods' own classes: shaperd_pod_transmit_* (report/collectors.py)
+                c = by_id.get(p.classid)
+                if c is not None:
+                    out.targets[(dp.device, p.classid)] = ClassTarget(p.tenant or "", dp.device, p.classid,
+                                                                      c.rate_bps, c.ceil_bps, pod=p.ref)
         out.endpoints = {t: {"cidr": n, "interface": 0, "cgroup": 0} for t, n in desired.tenant_cidrs.items()}
         # The interface and cgroup mappings are the same on every shaped device: count the first.
         for dp in desired.devices[:1]:
