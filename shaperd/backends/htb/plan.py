@@ -94,6 +94,8 @@ class HtbPlan:
     tenant_cidrs: dict[str, int] = field(default_factory=dict, compare=False)
     # The pods with an egress cap and their class (the same classid on every device; pods.py).
     pods: tuple[PodClass, ...] = field(default=(), compare=False)
+    # tenant -> its rest leaf, for tenants made inner by capped pods alone (status labels them).
+    rests: dict[str, int] = field(default_factory=dict, compare=False)
 
     def device(self, name: str) -> DevicePlan | None:
         return next((d for d in self.devices if d.device == name), None)
@@ -147,7 +149,7 @@ def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings(), ten
     warnings: list[str] = []
     plans: list[DevicePlan] = []
     skipped: list[str] = []
-    pods = pod_classes(cfg, ten)
+    pods, rests = pod_classes(cfg, ten)
     for link in sorted(ten.uplinks, key=lambda l: l.name):
         if ten.dataplanes.get(link.name, "htb") != "htb":
             continue  # the edt backend plans it (tenancy.dataplanes); HTB's tree there is garbage
@@ -169,22 +171,24 @@ def plan(cfg: Config, inv: Inventory, settings: HtbSettings = HtbSettings(), ten
         warnings.extend(pod_warnings(cfg, inv, ten, pods))
     out = HtbPlan(devices=tuple(plans), problems=tuple(problems), warnings=tuple(warnings), skipped=tuple(skipped),
                   take_over=take_over or cfg.node.take_over,
-                  tenant_cidrs={t.name: len(t.match.cidrs) for t in cfg.tenants}, pods=pods if plans else ())
+                  tenant_cidrs={t.name: len(t.match.cidrs) for t in cfg.tenants}, pods=pods if plans else (),
+                  rests=rests if plans else {})
     return offload_plan.choose(cfg, inv, out, offload_refused or {})  # software or offload shape per uplink
 
 
-def pod_classes(cfg: Config, ten: Tenancy) -> tuple[PodClass, ...]:
-    """The egress-capped pods and their class ids (pods.tree_minors), in classid order."""
+def pod_classes(cfg: Config, ten: Tenancy) -> tuple[tuple[PodClass, ...], dict[str, int]]:
+    """The egress-capped pods and their class ids in classid order, and the rest leaves (tenant -> classid)
+    of the tenants they make inner without scopes (pods.tree_minors)."""
     capped = ten.egress_capped()
     if not capped:
-        return ()
+        return (), {}
     minors = assign_minors([t.name for t in cfg.tenants])
-    pminors, _ = tree_minors(cfg.tenants, minors, scope_minors(cfg.tenants, minors), capped)
+    pminors, rests = tree_minors(cfg.tenants, minors, scope_minors(cfg.tenants, minors), capped)
     out = []
     for uid, c in capped.items():
         ns, _, name = c.ref.partition("/")
         out.append(PodClass(uid, ns, name, c.tenant, c.egress_bps, classid(pminors[uid])))
-    return tuple(sorted(out, key=lambda p: p.classid))
+    return tuple(sorted(out, key=lambda p: p.classid)), {t: classid(m) for t, m in sorted(rests.items())}
 
 
 def pod_warnings(cfg: Config, inv: Inventory, ten: Tenancy, pods: tuple[PodClass, ...]) -> list[str]:
