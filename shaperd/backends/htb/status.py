@@ -149,9 +149,8 @@ class ClassesSection(StatusSection):
     key = "classes"
 
     def __init__(self, inp):
+        self.inp = inp
         self.labels = class_labels(inp.config_path)
-        self.pods, rests = pod_labels(inp)
-        self.labels.update({cid: f"{t}/rest" for cid, t in rests.items()})
         self.prev: dict = {}
         self.cur: dict = {}
         self.t0 = self.t1 = time.monotonic()
@@ -161,7 +160,9 @@ class ClassesSection(StatusSection):
         self.cur, self.t1 = sample(reader), time.monotonic()
 
     def collect(self, reader) -> dict:
-        self.rows = rows(self.prev, self.cur, self.t1 - self.t0, self.labels, self.pods)
+        pods, rests = pod_labels(self.inp)  # read per window: pods come and go under --watch
+        labels = {**self.labels, **{cid: f"{t}/rest" for cid, t in rests.items()}}
+        self.rows = rows(self.prev, self.cur, self.t1 - self.t0, labels, pods)
         return {"classes": [asdict(r) for r in self.rows]}
 
     def render(self, doc: dict) -> str:
@@ -204,15 +205,16 @@ class TopPlane:
     name = "htb"
 
     def __init__(self, inp):
+        self.inp = inp
         self.labels = class_labels(inp.config_path)
-        self.pods, _ = pod_labels(inp)
 
     def sample(self, reader) -> tuple[dict, dict]:
         stats = sample(reader)
+        pods, _ = pod_labels(self.inp)  # per sample: pods come and go while top runs
         targets = {k: ClassTarget(self.labels[k[1]], k[0], k[1]) for k in stats
                    if k[1] in self.labels and not self.labels[k[1]].startswith("(")}
         for k in stats:  # capped pods' classes: rows of their own, under their tenant (report/top.py)
-            pod = self.pods.get(k[1])
+            pod = pods.get(k[1])
             if pod is not None:
                 targets[k] = ClassTarget(pod.get("tenant") or "", k[0], k[1], pod=pod["pod"])
         return stats, targets
