@@ -355,3 +355,20 @@ def test_render_names_each_capped_pod():
     text = render(planned())
     assert f"# capped pod team-a/u1 (tenant a): egress-bandwidth 100mbit -> class {fmt_handle(cls_of(planned(), 'u1'))}" \
         in text
+
+
+def test_a_capped_host_network_pod_is_classified_by_its_cgroup_to_its_class_and_needs_no_mark():
+    from shaperd.core.inventory import CgroupRef
+
+    hn = Pod("u9", "team-a", "nccl-0", host_network=True, cgroup=CgroupRef("/kubepods/pod-u9", 3, 4242),
+             egress_bandwidth="100M")
+    for caps in (MAP_CAPS, U32_CAPS):
+        p = planned(pods=(hn,), caps=caps)
+        own = cls_of(p, "u9")
+        dp = p.devices[0]
+        if caps.bpf_maps:
+            assert dp.map_classifier.entries["cgroup"][mapcls.cgroup_key(4242)] == mapcls.value(own)
+        else:
+            cg = next(f for f in dp.filters if isinstance(f, BpfFilter) and f.kind == "cgroup")
+            assert (3, 4242, own) in cg.mapping
+        assert not any("no skb->mark" in w for w in p.warnings)

@@ -195,8 +195,9 @@ def pod_warnings(cfg: Config, inv: Inventory, ten: Tenancy, pods: tuple[PodClass
     """What the plan says about capped pods: a pod with no mark of its own, a tenant whose scopes overlap."""
     out = []
     if inv.capabilities.bpf:
+        host_network = {p.uid for p in inv.pods if p.host_network}  # classified by cgroup: no mark needed
         for p in pods:
-            if p.uid not in ten.pod_marks:
+            if p.uid not in ten.pod_marks and p.uid not in host_network:
                 out.append(f"pod {p.ref}: no skb->mark value left under node.markMask for its own class: its cap is "
                            "enforced by its interface and addresses only (not after masquerade or encapsulation)")
     scoped = {t.name for t in cfg.tenants if t.destinations}
