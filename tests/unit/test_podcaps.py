@@ -80,6 +80,9 @@ TABLE = [
 
 @pytest.mark.parametrize("value, expected", TABLE, ids=[repr(v)[:30] for v, _ in TABLE])
 def test_the_annotation_table(value, expected):
+    """The rows of kubernetes pkg/util/bandwidth/utils_test.go, ovn-kubernetes go-controller/pkg/cni/
+    bandwidth_test.go and containernetworking/plugins plugins/meta/bandwidth/bandwidth_config_test.go and
+    bandwidth_measure_linux_test.go first (module docstring), then the issue's bad values and the grammar."""
     if isinstance(expected, int):
         assert parse_bandwidth(value, LINK) == expected
     else:
