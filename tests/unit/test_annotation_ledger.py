@@ -7,6 +7,10 @@ family on the daemon's metrics endpoint: every reason from 0. Plan and diff prin
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 from structlog.testing import capture_logs
 
@@ -84,6 +88,19 @@ def pod_info(uid: str, egress: str | None = None, ingress: str | None = None) ->
     ann = {k: v for k, v in ((EGRESS_ANNOTATION, egress), (INGRESS_ANNOTATION, ingress)) if v is not None}
     return PodInfo(uid=uid, namespace="team-a", name=f"p-{uid}", labels=FrozenMap({"team": "a"}), ips=(),
                    host_network=False, qos_class=None, phase="Running", node="n1", annotations=FrozenMap(ann))
+
+
+@pytest.fixture(autouse=True)
+def warnings_reach_the_capture():
+    """An earlier test's ``shaperd`` command may have configured logging off (cli/main.py: a one-shot command
+    logs only when asked); capture_logs swaps the processors, not that level filter."""
+    before = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        yield
+    finally:
+        structlog.configure(**{k: before[k] for k in ("processors", "wrapper_class", "logger_factory",
+                                                      "context_class", "cache_logger_on_first_use")})
 
 
 def refusals(logs) -> list[dict]:
