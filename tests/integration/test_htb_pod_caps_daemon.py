@@ -17,6 +17,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from shaperd.backends.common.classify import pod_minors
+from shaperd.backends.htb import podlabels
 from shaperd.backends.common.objects import ROOT_HANDLE, fmt_handle
 from shaperd.core.ids import assign_minors
 from tests import procs
@@ -108,7 +109,9 @@ def test_an_annotation_is_followed_live_with_its_series_status_and_top(bed, tmp_
         # Only the capped pod has per-pod series.
         assert {lbl for (n, lbl) in metrics() if n.startswith("shaperd_pod_transmit")} == {labels}
 
-        # status and top, run beside the daemon, show the pod under its tenant, with its cap.
+        # status and top, run beside the daemon, show the pod under its tenant, with its cap (the labels the
+        # daemon keeps for them: backends/htb/podlabels.py).
+        assert podlabels.read(podlabels.path_for("/run", bed.node))[0][POD]["pod"] == "team-a/trainer-0"
         st = run(PY, "-m", "shaperd", "status", "--netns", bed.node, "--config", str(cfg), "-o", "json",
                  "--interval", "0.2", check=False)
         rows = json.loads(st.stdout.splitlines()[0])["classes"]
@@ -135,5 +138,6 @@ def test_an_annotation_is_followed_live_with_its_series_status_and_top(bed, tmp_
         assert wait_for(lambda: ceil_bps(POD) is None, DEADLINE), tail()
         assert wait_for(lambda: lands_in(A, 5), DEADLINE), tail()
         assert wait_for(lambda: pod_series() == {}, DEADLINE), pod_series()
+        assert not podlabels.path_for("/run", bed.node).exists()  # no capped pod: no labels for status
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=DEADLINE) == 0, tail()
