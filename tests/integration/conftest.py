@@ -111,6 +111,9 @@ class Bed:
         from shaperd.engine import refusals_file as edt_refused
 
         edt_refused.path_for("/run", self.node).unlink(missing_ok=True)
+        from shaperd.backends.htb import podlabels  # the capped pods' labels, likewise (backends/htb/podlabels.py)
+
+        podlabels.path_for("/run", self.node).unlink(missing_ok=True)
 
 
 @pytest.fixture

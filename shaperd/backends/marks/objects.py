@@ -30,6 +30,8 @@ class MarkFilter:
     name: str
     tenant: str = field(default="", compare=False)
     pods: tuple[str, ...] = field(default=(), compare=False)
+    # The capped pod whose own mark this is (namespace/name), "" for a tenant's mark.
+    pod: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
