@@ -248,7 +248,8 @@ class BackendSpec:
     - ``status(StatusInput) -> [section]``: its ``shaperd status`` sections (each ``order``, ``sample(reader)``,
       ``doc(window) -> dict``, ``render(window_doc) -> str``, ``errors() -> list[str]``, ``close()``);
     - ``top(StatusInput) -> plane``: its ``shaperd top`` plane (``name``, ``sample(reader) -> (stats, targets)``,
-      ``backlog(key) -> (text, bytes, ns)``, ``errors() -> dict``, ``close()``), or None.
+      ``backlog(key) -> (text, bytes, ns)``, ``errors() -> dict``, ``close()``, optionally ``extra() -> (title,
+      lines, rows)``: a table of its own below the tenants'), or None.
     """
 
     name: str
