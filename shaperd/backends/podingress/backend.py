@@ -123,6 +123,9 @@ class PodIngressBackend:
                              error=e.strerror or str(e))
 
     def teardown(self, observed: PodIngressObserved) -> list[TargetDiff]:
+        # "Nothing desired" is also what this backend remembers from here on: the labels record goes with the
+        # removals (apply writes it empty), the metrics have no pod left.
+        self.snapshot, self.planned = PodIngressPlan(), False
         return pdiff.teardown(observed)
 
     def stats(self, desired: PodIngressPlan) -> BackendStats:

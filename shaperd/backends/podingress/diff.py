@@ -59,8 +59,9 @@ def cni_note(p: PodIngress, cni: CniEgress | None) -> str | None:
     if cni.error:
         return f"{where} (its filters could not be read: {cni.error}); left alone"
     to = f" redirecting to {', '.join(cni.ifbs)}" if cni.ifbs else ""
-    return (f"{where}{to} (the CNI bandwidth plugin's shaping of what the pod sends); left alone. It also keeps "
-            "shaperd's mark program (clsact) off this interface: the pod is recognised by its addresses only")
+    return (f"{where}{to} (the CNI bandwidth plugin's shaping of what the pod sends); left alone. It holds the "
+            "ingress hook shaperd's mark program needs (no clsact can be added): the pod is recognised by its "
+            "addresses only")
 
 
 def diff_pod(p: PodIngress, root: ObservedRoot | None, cni: CniEgress | None, take_over: bool) -> TargetDiff:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 
-from pyroute2.netlink import nla
+from pyroute2.netlink import nla, nlmsg
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from shaperd.backends.podingress import ops as pi
@@ -64,10 +64,15 @@ def tbf_options(t: TbfSpec) -> dict:
     return {"attrs": attrs}
 
 
-class _TbfRequest(tcmsg):
-    """A tcmsg whose TCA_OPTIONS are tbf's, every attribute uapi pkt_sched.h has (TCA_TBF_*)."""
+class _TbfRequest(nlmsg):
+    """A tcmsg whose TCA_OPTIONS are tbf's, every attribute uapi pkt_sched.h has (TCA_TBF_*).
 
-    nla_map = tuple(("TCA_OPTIONS", "tbf_options") if n == "TCA_OPTIONS" else (n, t) for n, t in tcmsg.nla_map)
+    Derived from nlmsg, not tcmsg: pyroute2 compiles a class's attribute table once and marks it on the class,
+    so a subclass of an already compiled tcmsg would inherit tcmsg's table (and encode pyroute2's tbf)."""
+
+    prefix = "TCA_"
+    fields = tcmsg.fields
+    nla_map = (("TCA_UNSPEC", "none"), ("TCA_KIND", "asciiz"), ("TCA_OPTIONS", "tbf_options"))
 
     class tbf_options(nla):
         nla_map = (("TCA_TBF_UNSPEC", "none"), ("TCA_TBF_PARMS", "cdata"), ("TCA_TBF_RTAB", "cdata"),

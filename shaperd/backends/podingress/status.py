@@ -39,8 +39,8 @@ class Sample:
 class Watch:
     """Samples of the kernel's root qdiscs, labelled with the recorded pods; the rows status and top print."""
 
-    def __init__(self, record_path):
-        self.record_path = record_path
+    def __init__(self, record_path, clock=time.monotonic):
+        self.record_path, self.clock = record_path, clock
         self.prev: Sample | None = None
         self.cur: Sample | None = None
         self.labels: dict[int, dict] = {}
@@ -55,7 +55,7 @@ class Watch:
         except KernelError as e:
             self.errors["node"] = str(e)
             return
-        s = Sample(time.monotonic(), names=names)
+        s = Sample(self.clock(), names=names)
         for q in qdiscs:
             if q.parent == TC_H_ROOT:
                 s.roots[q.ifindex] = ObservedRoot(q.ifindex, q.kind, q.handle, q.tbf, q.counters)
