@@ -323,3 +323,28 @@ def test_a_host_network_pod_and_a_pod_not_resolved_yet_get_a_warning_and_no_writ
     routed_pod(node, "cali9", "198.18.20.9", "l")  # the pod's interface appears: the next reconcile caps it
     (op,) = node.ops(node.apply())
     assert isinstance(op, SetPodTbf) and op.device == "cali9"
+
+
+def test_status_and_top_name_the_pods_and_show_what_they_received(node):
+    two_pods(node)
+    cni_plugin_layout(node, "vethb1", "bwp0123456789ab")  # the bridged pod's veth is the plugin's
+    node.apply()
+    node.bed.exec(PY, "-c", SENDER, "-", "198.18.20.2", "500", "10")
+    cfg = node.tmp / "t.yaml"
+    cfg.write_text(CFG % "")
+    common = ["--config", str(cfg), "--run-root", str(node.tmp), "--interval", "0.2"]
+    r = node.bed.shaperd("status", "-o", "json", *common)
+    doc = json.loads(r.stdout)
+    rows = {x["device"]: x for x in doc["pod_ingress"]}
+    assert (rows["cali1"]["namespace"], rows["cali1"]["pod"], rows["cali1"]["tenant"], rows["cali1"]["state"]) == (
+        "team-a", "web-0", "tenant-a", "in sync")
+    assert rows["cali1"]["cap_bps"] == 50_000_000 and rows["cali1"]["received_bytes"] > 0
+    assert rows["vethb1"]["state"] == "left alone: root qdisc tbf 1: is not shaperd's"
+    assert "redirecting to bwp0123456789ab" in rows["vethb1"]["note"]
+    # (status's exit code says "left alone" from a plan and diff without pods: the labelled state is the word here)
+    text = node.bed.shaperd("status", *common).stdout
+    assert "Pod ingress caps (tbf on each pod's host interface):" in text and "team-a/web-0" in text
+    top = node.bed.shaperd("top", "-n", "1", "-o", "json", *common)
+    assert top.returncode == 0, top.stderr
+    view = json.loads(top.stdout.splitlines()[-1])
+    assert {x["device"]: x["pod"] for x in view["pod_ingress"]} == {"cali1": "web-0", "vethb1": "loader-0"}
