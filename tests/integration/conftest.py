@@ -111,6 +111,9 @@ class Bed:
         from shaperd.engine import refusals_file as edt_refused
 
         edt_refused.path_for("/run", self.node).unlink(missing_ok=True)
+        from shaperd.backends.podingress import labels as podingress_labels  # the pods' labels, as the refusals
+
+        podingress_labels.remove(podingress_labels.path_for("/run", self.node))
 
 
 @pytest.fixture

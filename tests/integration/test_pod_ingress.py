@@ -113,23 +113,23 @@ def node(bed, tmp_path):
         n.close()
 
 
-def routed_pod(n: Node, host_if: str, ip: str, name: str) -> str:
+def routed_pod(bed, host_if: str, ip: str, name: str) -> str:
     """A Calico-style pod: one /32 routed to its host-side veth, the world via 169.254.1.1 (proxy ARP)."""
-    ns = n.bed.ns(f"{n.bed.tag}-{name}")
-    run("ip", "-n", n.bed.node, "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    ns = bed.ns(f"{bed.tag}-{name}")
+    run("ip", "-n", bed.node, "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
     run("ip", "-n", ns, "addr", "add", f"{ip}/32", "dev", "eth0")
     run("ip", "-n", ns, "link", "set", "eth0", "up")
-    run("ip", "-n", n.bed.node, "link", "set", host_if, "up")
+    run("ip", "-n", bed.node, "link", "set", host_if, "up")
     run("ip", "-n", ns, "route", "add", "169.254.1.1", "dev", "eth0", "scope", "link")
     run("ip", "-n", ns, "route", "add", "default", "via", "169.254.1.1", "dev", "eth0")
-    n.bed.exec("sysctl", "-qw", f"net.ipv4.conf.{host_if}.proxy_arp=1", f"net.ipv4.neigh.{host_if}.proxy_delay=0")
-    run("ip", "-n", n.bed.node, "route", "add", f"{ip}/32", "dev", host_if, "scope", "link")
+    bed.exec("sysctl", "-qw", f"net.ipv4.conf.{host_if}.proxy_arp=1", f"net.ipv4.neigh.{host_if}.proxy_delay=0")
+    run("ip", "-n", bed.node, "route", "add", f"{ip}/32", "dev", host_if, "scope", "link")
     return ns
 
 
 def bridged_pod(n: Node, host_if: str, ip: str, name: str) -> str:
     """A bridge-plugin pod: its host veth is a port of cni0 (198.18.21.1/24); shaperd finds it by FDB."""
-    if not any(l.name == "cni0" for l in n.reader.links()):
+    if n.bed.exec("ip", "link", "show", "cni0", check=False).returncode:
         run("ip", "-n", n.bed.node, "link", "add", "cni0", "type", "bridge")
         run("ip", "-n", n.bed.node, "addr", "add", "198.18.21.1/24", "dev", "cni0")
         run("ip", "-n", n.bed.node, "link", "set", "cni0", "up")
@@ -145,7 +145,7 @@ def bridged_pod(n: Node, host_if: str, ip: str, name: str) -> str:
 
 
 def two_pods(n: Node) -> None:
-    routed_pod(n, "cali1", "198.18.20.2", "r")
+    routed_pod(n.bed, "cali1", "198.18.20.2", "r")
     bridged_pod(n, "vethb1", "198.18.21.2", "b")
     n.pods += [FakePod("uid-r", "team-a", "web-0", ips=("198.18.20.2",), annotations={ANN: "50M"}),
                FakePod("uid-b", "team-b", "loader-0", ips=("198.18.21.2",), annotations={ANN: "20M"})]
@@ -227,7 +227,7 @@ def _no_counters(state):
 
 
 def test_the_cni_plugins_qdisc_is_left_alone_with_the_reason_and_taken_over_only_when_asked(node):
-    routed_pod(node, "cali1", "198.18.20.2", "r")
+    routed_pod(node.bed, "cali1", "198.18.20.2", "r")
     node.pods.append(FakePod("uid-r", "team-a", "web-0", ips=("198.18.20.2",), annotations={ANN: "50M"}))
     cni_plugin_layout(node, "cali1", "bwp0123456789ab")
     before = _no_counters(_plugin_state(node, "cali1", "bwp0123456789ab"))
@@ -265,7 +265,7 @@ def test_the_cni_plugins_qdisc_is_left_alone_with_the_reason_and_taken_over_only
 
 def test_teardown_removes_shaperds_tbf_and_nothing_else(node):
     two_pods(node)
-    routed_pod(node, "cali2", "198.18.20.3", "f")
+    routed_pod(node.bed, "cali2", "198.18.20.3", "f")
     node.pods.append(FakePod("uid-f", "team-a", "foreign-0", ips=("198.18.20.3",), annotations={ANN: "10M"}))
     node.bed.exec("tc", "qdisc", "add", "dev", "cali2", "root", "handle", "1:", "tbf", "rate", "10mbit", "burst",
                   "32k", "latency", "25ms")
@@ -284,7 +284,7 @@ def test_teardown_removes_shaperds_tbf_and_nothing_else(node):
 
 
 def test_traffic_towards_the_pod_is_held_to_its_bucket_and_counted_in_the_metrics(node):
-    ns = routed_pod(node, "cali1", "198.18.20.2", "r")
+    ns = routed_pod(node.bed, "cali1", "198.18.20.2", "r")
     node.pods.append(FakePod("uid-r", "team-a", "web-0", ips=("198.18.20.2",), annotations={ANN: "10M"}))
     rec = node.reconciler()
     node.apply(rec)
@@ -320,7 +320,7 @@ def test_a_host_network_pod_and_a_pod_not_resolved_yet_get_a_warning_and_no_writ
     warn = "\n".join(rep.plan.warnings)
     assert "pod team-a/agent-0: kubernetes.io/ingress-bandwidth=50M is not enforced: a hostNetwork pod" in warn
     assert "pod team-a/late-0: kubernetes.io/ingress-bandwidth=50M waits for the pod's host interface" in warn
-    routed_pod(node, "cali9", "198.18.20.9", "l")  # the pod's interface appears: the next reconcile caps it
+    routed_pod(node.bed, "cali9", "198.18.20.9", "l")  # the pod's interface appears: the next reconcile caps it
     (op,) = node.ops(node.apply())
     assert isinstance(op, SetPodTbf) and op.device == "cali9"
 
@@ -348,3 +348,65 @@ def test_status_and_top_name_the_pods_and_show_what_they_received(node):
     assert top.returncode == 0, top.stderr
     view = json.loads(top.stdout.splitlines()[-1])
     assert {x["device"]: x["pod"] for x in view["pod_ingress"]} == {"cali1": "web-0", "vethb1": "loader-0"}
+
+
+def test_the_daemon_follows_the_annotation_through_the_api(bed, tmp_path, api):
+    """``shaperd run --kubeconfig`` against the fake API server: the cap appears, changes live, and goes with the
+    pod; /metrics has the pod's series while its tbf is there."""
+    import subprocess
+    import urllib.request
+
+    from shaperd.backends.podingress import labels
+    from tests import procs
+    from tests.k8s_fake import make_pod, write_kubeconfig
+
+    from .conftest import wait_for
+    from .test_k8s_e2e import DEADLINE, _free_port
+
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(CFG % "")
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+    bed.exec("sysctl", "-qw", "net.ipv4.ip_forward=1")
+    routed_pod(bed, "cali7", "198.18.20.7", "k")
+    port = _free_port()
+    log = tmp_path / "daemon.log"
+    reader = RtnlReader(bed.node)
+
+    def root():
+        (link,) = [l for l in reader.links() if l.name == "cali7"]
+        (q,) = [q for q in reader.qdiscs(link.ifindex, "cali7") if q.parent == 0xFFFFFFFF]
+        return q
+
+    def rate_is(bps):
+        q = root()
+        return q.kind == "tbf" and q.handle == TBF and q.tbf.rate_Bps * 8 == bps
+
+    def scrape() -> str:
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=20).read().decode()
+        except OSError:
+            return ""
+
+    pod = make_pod("web-0", "node-1", namespace="team-a", ips=("198.18.20.7",))
+    pod["metadata"]["annotations"] = {ANN: "50M", "unrelated": "x"}
+    try:
+        with open(log, "w") as logf, procs.running(
+            [PY, "-m", "shaperd", "--log-json", "run", "--config", str(cfg), "--netns", bed.node,
+             "--node-name", "node-1", "--kubeconfig", str(kubeconfig), "--resync-interval", "30",
+             "--metrics-address", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=logf):
+            uid = api.add_pod(pod)["metadata"]["uid"]
+            assert wait_for(lambda: rate_is(50_000_000), DEADLINE), log.read_text()[-3000:]
+            series = 'shaperd_pod_receive_limit_bytes_per_second{device="cali7",namespace="team-a",pod="web-0",' \
+                     'tenant="tenant-a"} 6.25e+06'
+            assert wait_for(lambda: series in scrape(), DEADLINE), scrape()[-2000:]
+            assert labels.read(labels.path_for("/run", bed.node))[root().ifindex]["name"] == "web-0"
+            # Changed live (the resync is 30 s away: the pod event does it), in place.
+            api.modify_pod(uid, lambda p: p["metadata"]["annotations"].__setitem__(ANN, "200M"))
+            assert wait_for(lambda: rate_is(200_000_000), DEADLINE), log.read_text()[-3000:]
+            # The pod goes: so does its cap, and its series.
+            api.delete_pod(uid)
+            assert wait_for(lambda: root().kind == "noqueue", DEADLINE), log.read_text()[-3000:]
+            assert wait_for(lambda: "shaperd_pod_receive_bytes_total{" not in scrape(), DEADLINE)
+    finally:
+        reader.close()
+        labels.remove(labels.path_for("/run", bed.node))
