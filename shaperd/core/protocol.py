@@ -140,6 +140,8 @@ class ClassTarget:
     classid: int
     guarantee_bps: int | None = None
     limit_bps: int | None = None
+    # A capped pod's own class: its "namespace/name" (tenant "" for a pod of no tenant); "" for a tenant's.
+    pod: str = ""
 
 
 @dataclass
@@ -248,8 +250,7 @@ class BackendSpec:
     - ``status(StatusInput) -> [section]``: its ``shaperd status`` sections (each ``order``, ``sample(reader)``,
       ``doc(window) -> dict``, ``render(window_doc) -> str``, ``errors() -> list[str]``, ``close()``);
     - ``top(StatusInput) -> plane``: its ``shaperd top`` plane (``name``, ``sample(reader) -> (stats, targets)``,
-      ``backlog(key) -> (text, bytes, ns)``, ``errors() -> dict``, ``close()``, optionally ``extra() -> (title,
-      lines, rows)``: a table of its own below the tenants'), or None.
+      ``backlog(key) -> (text, bytes, ns)``, ``errors() -> dict``, ``close()``), or None.
     """
 
     name: str

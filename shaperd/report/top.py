@@ -15,9 +15,7 @@ Each data plane is a registered backend's top plane (its spec's ``top``: htb's c
 edt's stampers' maps), read at the same instants and fed through an Accumulator of its own, so
 their rows mean the same: RATE measured, BORROWED above the guarantee, BELOW-G while backlogged
 yet under 98 % of the guarantee. Rows are ranked together (by tenant, then device); the PLANE
-column says which plane a row is on, and a plane's BACKLOG may be bytes (htb) or time (edt). A plane
-whose rows are not tenants' (the per-pod ingress caps) prints a table of its own below them (its optional
-``extra() -> (title, lines, rows)``; the rows under the plane's name in -o json).
+column says which plane a row is on, and a plane's BACKLOG may be bytes (htb) or time (edt).
 """
 
 from __future__ import annotations
@@ -94,8 +92,7 @@ def _drops_key(plane: str, s: TenantSeries) -> tuple:
 
 
 def render(views: list[PlaneView], drops_base: dict, window_s: float, node: str = "", rdma=(),
-           color: bool = False, extras=()) -> str:
-    """``extras``: (key, title, lines, rows) of the planes with a table of their own (a plane's ``extra()``)."""
+           color: bool = False) -> str:
     from shaperd.core.units import format_backlog_ns
 
     head = ("TENANT", "PLANE", "DEVICE", "CLASS", "RATE", "RATE VS GUARANTEE | LIMIT", "GUARANTEE", "LIMIT",
@@ -128,13 +125,10 @@ def render(views: list[PlaneView], drops_base: dict, window_s: float, node: str 
         from shaperd.report.rdma_view import render_table as rdma_table
 
         body += "\n\nRDMA ports (measured at the HCA):\n" + rdma_table(rdma)
-    for _key, head, text, _rows in extras:
-        if text:
-            body += f"\n\n{head}\n" + "\n".join(text)
     return f"{title}\n{body}"
 
 
-def view_doc(views: list[PlaneView], drops_base: dict, window_s: float, rdma=(), extras=()) -> dict:
+def view_doc(views: list[PlaneView], drops_base: dict, window_s: float, rdma=()) -> dict:
     """One view as ``-o json|yaml`` prints it: the same figures as the table, rates in bit/s, bytes in bytes.
 
     Every row has the same keys: ``backlog_bytes`` is None on a plane whose backlog is time, ``backlog_ns``
@@ -153,9 +147,6 @@ def view_doc(views: list[PlaneView], drops_base: dict, window_s: float, rdma=(),
 
     doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rate_window_s": window_s,
            "tenants": [row(v, s) for v, s in ranked(views)], "rdma": tenant_rows(rdma)}
-    for key, _head, _text, rows in extras:
-        if rows:
-            doc[key] = rows
     for v in views:
         if v.errors:
             doc[f"{v.name}_errors"] = [{"device": d, "error": e} for d, e in sorted(v.errors.items())]
@@ -190,13 +181,11 @@ def main(args) -> int:
                     drops_base.setdefault(_drops_key(p.name, s), s.drops)
             rdma.sample(now)
             views = [PlaneView(p.name, accs[p.name].view(), p.backlog, p.errors()) for p in planes]
-            # Planes whose rows are not tenants' (per-pod caps) print a table of their own below.
-            extras = [(p.name.replace(" ", "_"), *p.extra()) for p in planes if hasattr(p, "extra")]
             if machine and n > 0:  # one document per view; the first sample has no rates yet
-                doc = view_doc(views, drops_base, window, rdma=rdma.view(), extras=extras)
+                doc = view_doc(views, drops_base, window, rdma=rdma.view())
                 print(("---\n" if args.output == "yaml" else "") + output.dump(doc, args.output, indent=None), flush=True)
             elif not machine and (n > 0 or args.iterations is None):
-                text = render(views, drops_base, window, rdma=rdma.view(), color=color, extras=extras)
+                text = render(views, drops_base, window, rdma=rdma.view(), color=color)
                 print((CLEAR if tty else "") + text + ("" if tty else "\n"), flush=True)
             if n > 0 and args.iterations is not None and n >= args.iterations:
                 return EXIT_OK

@@ -347,7 +347,10 @@ def test_status_and_top_name_the_pods_and_show_what_they_received(node):
     top = node.bed.shaperd("top", "-n", "1", "-o", "json", *common)
     assert top.returncode == 0, top.stderr
     view = json.loads(top.stdout.splitlines()[-1])
-    assert {x["device"]: x["pod"] for x in view["pod_ingress"]} == {"cali1": "web-0", "vethb1": "loader-0"}
+    rows = [x for x in view["tenants"] if x["plane"] == "pod ingress"]
+    # Only the enforced cap has a row (vethb1 is the plugin's), under its tenant, with the cap as its limit.
+    assert [(x["tenant"], x["device"], x["classid"], x["limit_bps"]) for x in rows] == [
+        ("tenant-a", "cali1", "7368:", 50_000_000)]
 
 
 def test_the_daemon_follows_the_annotation_through_the_api(bed, tmp_path, api):

@@ -102,7 +102,7 @@ def test_the_cni_plugins_layout_decodes_to_a_foreign_root_and_an_ingress_redirec
     assert root.handle == 0x10000 and root.tbf.rate_Bps == 6_250_000 and root.tbf.limit_bytes > 512 * 2**20
     assert (ing.ifindex, ing.handle, ing.parent) == (root.ifindex, 0xFFFF0000, 0xFFFFFFF1)
     (f,) = [f for f in _dump("filters_w0", RTM_NEWTFILTER, rtnl_rows.tc_filter) if f is not None]
-    assert (f.kind, f.parent, f.mirred_ifindexes) == ("u32", 0xFFFF0000, (f.ifindex + 1,))  # bwp0123456789ab
+    assert (f.kind, f.parent, f.mirred) == ("u32", 0xFFFF0000, (1, f.ifindex + 1))  # egress redirect to bwp0123456789ab
 
 
 class Reads:

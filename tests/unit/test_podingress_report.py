@@ -49,7 +49,7 @@ class Reader:
 
     def filters(self, ifindex, parent, device):
         assert (ifindex, parent) == (8, 0xFFFF0000)
-        return [FilterRow(8, parent, 1, 3, 0x800, "u32", mirred_ifindexes=(10,))]
+        return [FilterRow(8, parent, 1, 3, 0x800, "u32", mirred=(1, 10))]
 
     def close(self):
         self.closed = True
@@ -137,18 +137,31 @@ def test_status_says_what_it_could_not_read_and_has_nothing_to_say_without_caps(
     assert w.rows() == []
 
 
-def test_top_prints_the_pods_in_a_table_of_their_own(tmp_path):
+def test_top_has_a_row_per_enforced_cap_whose_target_names_the_pod(tmp_path):
+    from shaperd.core.protocol import ClassTarget
+    from shaperd.report.sampler import Accumulator
+
     reader = Reader()
     labels.write(labels.path_for(tmp_path, None), labels.rows(PodIngressPlan(pods=pods())))
     plane = TopPlane(StatusInput(config=None, config_path=None, roots=Roots.of(run=str(tmp_path)), run_root=str(tmp_path)))
-    assert plane.sample(reader) == ({}, {})
-    extras = [("pod_ingress", *plane.extra())]
-    text = top.render([top.PlaneView(plane.name)], {}, 2.0, extras=extras)
-    assert "Pod ingress caps (tbf on each pod's host interface; RECEIVED over the rate window):" in text
-    assert any(l.startswith("team-a/web-0") and "cali1" in l and "50Mbps" in l for l in text.splitlines())
-    doc = top.view_doc([top.PlaneView(plane.name)], {}, 2.0, extras=extras)
-    assert [r["device"] for r in doc["pod_ingress"]] == ["cali1", "cali3", "cali4", "vethb1"]
-    assert "pod_ingress" not in top.view_doc([], {}, 2.0)
+    stats, targets = plane.sample(reader)
+    # cali1: shaperd's tbf for web-0; cali4: shaperd's, no label; vethb1 (the plugin's) and cali3 (none): no row.
+    assert targets == {("cali1", ROOT_HANDLE): ClassTarget("tenant-a", "cali1", ROOT_HANDLE, 50_000_000, 50_000_000,
+                                                           pod="team-a/web-0"),
+                       ("cali4", ROOT_HANDLE): ClassTarget("", "cali4", ROOT_HANDLE, 10_000_000, 10_000_000,
+                                                           pod="(unknown pod)")}
+    acc = Accumulator()
+    acc.ingest(1.0, stats, targets)
+    reader.bytes = 1_250_000
+    acc.ingest(2.0, *plane.sample(reader))
+    view = top.PlaneView(plane.name, acc.view(), plane.backlog, plane.errors())
+    (row,) = [s for s in view.series if s.target.device == "cali1"]
+    assert row.rate_bps == 10_000_000 and row.limit_bps == 50_000_000 and view.backlog(row) == (0, None)
+    text = top.render([view], {}, 2.0)
+    assert any("pod ingress" in l and "cali1" in l and "7368:" in l and "50Mbps" in l for l in text.splitlines())
+    doc = top.view_doc([view], {}, 2.0)
+    assert {(r["plane"], r["device"], r["limit_bps"]) for r in doc["tenants"]} == {
+        ("pod ingress", "cali1", 50_000_000), ("pod ingress", "cali4", 10_000_000)}
 
 
 def test_metrics_are_read_at_scrape_time_only_for_capped_pods_with_shaperds_tbf():

@@ -86,7 +86,7 @@ class PodIngressBackend:
             if e.errno == errno.ENODEV:  # gone between the two dumps: nothing to say
                 return CniEgress(ifindex)
             return CniEgress(ifindex, error=str(e))
-        targets = dict.fromkeys(i for f in filters for i in f.mirred_ifindexes)
+        targets = dict.fromkeys(f.mirred[1] for f in filters if f.mirred is not None)  # (eaction, ifindex)
         return CniEgress(ifindex, tuple(names.get(i, f"ifindex {i}") for i in targets))
 
     def _say(self, observed: PodIngressObserved) -> None:

@@ -21,11 +21,10 @@ from shaperd.core.units import format_rate
 from shaperd.backends.common.objects import fmt_handle
 from shaperd.backends.podingress import diff as pdiff
 from shaperd.backends.podingress import labels
-from shaperd.backends.podingress.objects import (INGRESS_FILTER_PARENT, INGRESS_KIND, TC_H_ROOT, ObservedRoot)
+from shaperd.backends.podingress.objects import INGRESS_FILTER_PARENT, INGRESS_KIND, ROOT_HANDLE, TC_H_ROOT, ObservedRoot
 from shaperd.backends.podingress.plan import tbf_for
 
 KEY = "pod_ingress"
-TOP_TITLE = "Pod ingress caps (tbf on each pod's host interface; RECEIVED over the rate window):"
 
 
 @dataclass
@@ -65,7 +64,7 @@ class Watch:
                 try:
                     fs = reader.filters(q.ifindex, INGRESS_FILTER_PARENT, dev)
                     s.ingress[q.ifindex] = tuple(names.get(i, f"ifindex {i}")
-                                                 for i in dict.fromkeys(i for f in fs for i in f.mirred_ifindexes))
+                                                 for i in dict.fromkeys(f.mirred[1] for f in fs if f.mirred is not None))
                 except KernelError as e:
                     s.ingress[q.ifindex] = str(e)
         self.prev, self.cur = self.cur, s
@@ -171,8 +170,9 @@ def sections(inp) -> list:
 
 
 class TopPlane:
-    """``shaperd top``'s pod ingress rows: no tenant rows of its own (a pod's cap is not a tenant's share),
-    a table of its own below them (``extra``)."""
+    """``shaperd top``'s pod ingress rows: one per capped pod whose tbf is in place, under its tenant (the row's
+    target names the pod). A cap has no guarantee: GUARANTEE and LIMIT are both the cap, so BORROWED is what
+    passed above it (the bucket's burst) and BELOW-G the time it was queued yet under 98 % of it."""
 
     name = "pod ingress"
 
@@ -180,19 +180,32 @@ class TopPlane:
         self.watch = Watch(labels.path_for(inp.run_root, inp.netns))
 
     def sample(self, reader) -> tuple[dict, dict]:
+        from shaperd.core.protocol import ClassTarget
+
         self.watch.sample(reader)
-        return {}, {}
+        s = self.watch.cur
+        stats, targets = {}, {}
+        if s is None:
+            return stats, targets
+        for idx, root in s.roots.items():
+            if not root.owned or root.counters is None or root.tbf is None:
+                continue
+            dev = s.names.get(idx, str(idx))
+            lab = self.watch.labels.get(idx)
+            if lab is not None and lab.get("device") != dev:
+                lab = None  # the ifindex was reused: not that pod's
+            cap = lab["cap_bps"] if lab else root.tbf.rate_Bps * 8
+            key = (dev, ROOT_HANDLE)
+            stats[key] = root.counters
+            targets[key] = ClassTarget(lab.get("tenant") or "" if lab else "", dev, ROOT_HANDLE, cap, cap,
+                                       pod=f"{lab['namespace']}/{lab['name']}" if lab else "(unknown pod)")
+        return stats, targets
 
     def backlog(self, series) -> tuple[int | None, int | None]:
-        return 0, None
+        return series.backlog_bytes, None
 
     def errors(self) -> dict[str, str]:
         return dict(self.watch.errors)
-
-    def extra(self) -> tuple[str, list[str], list[dict]]:
-        """(title, text lines, rows for -o json) of its table; no rows: nothing is shown."""
-        rows = self.watch.rows()
-        return TOP_TITLE, (lines(rows) if rows else []), rows
 
     def close(self) -> None:
         pass
