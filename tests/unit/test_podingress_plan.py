@@ -221,3 +221,21 @@ def test_render_is_the_tc_command_that_sends_the_same_bytes():
                          "interface\n# pod team-a/web-0 (tenant tenant-a): 50000000 bit/s\n"
                          "tc qdisc replace dev cali1 root handle 7368: tbf rate 50000000bit burst 65536 limit 221786\n")
     assert render(planned([])) == ""
+
+
+def test_a_restarted_backend_holds_what_its_predecessor_recorded_for_a_pod_not_resolved_yet(tmp_path):
+    from shaperd.backends.podingress import labels
+
+    c = load_text(CFG)
+    record = tmp_path / "podingress-host.json"
+    first = PodIngressBackend(None, record=record)
+    inv = Inventory(links=LINKS, default_route_devices=("up0",), pods=(pod("u1", "team-a", "web-0", 7, "cali1"),))
+    labels.write(record, labels.rows(first.plan(PlanInput(c, inv, tenancy(c, inv)))))
+    again = PodIngressBackend(None, record=record)  # the agent restarted; the pod's IP is not back yet
+    inv = Inventory(links=LINKS, default_route_devices=("up0",),
+                    pods=(pod("u1", "team-a", "web-0", problems=("no pod IP yet",)),))
+    p = again.plan(PlanInput(c, inv, tenancy(c, inv)))
+    assert [(h.ifindex, h.ifname) for h in p.held] == [(7, "cali1")]
+    assert again.diff(p, PodIngressObserved(roots={7: ours(7)}, names={7: "cali1"})) == []
+    record.write_text("not json")
+    assert PodIngressBackend(None, record=record).plan(PlanInput(c, inv, tenancy(c, inv))).held == ()

@@ -6,7 +6,8 @@ lives there) and applies through the node's tc writer with its own codec (kernel
 
 Two things it keeps in memory, as data for the next plan and for reporting, never as ownership: each
 capped pod's last host interface (a pod whose interface is briefly unresolved keeps its qdisc instead of
-losing it and getting it back), and the last plan (for the metrics and the labels record). The process that
+losing it and getting it back; at start, from the labels record its predecessor wrote), and the last plan
+(for the metrics and the labels record). The process that
 applies writes the labels record (labels.py) that ``shaperd status`` and ``top`` read; a teardown removes it.
 """
 
@@ -42,7 +43,11 @@ class PodIngressBackend:
         self.log = log.get("shaperd.podingress")
         self.snapshot = PodIngressPlan()  # the last plan (metrics, labels)
         self.planned = False  # False in a process that never planned (a teardown)
-        self._where: dict[str, tuple[int, str]] = {}  # pod uid -> (ifindex, ifname) it was last planned on
+        # pod uid -> (ifindex, ifname) it was last planned on; a restarted agent starts from the labels its
+        # predecessor recorded, so a pod unresolved at the first reconcile keeps its cap too.
+        self._where: dict[str, tuple[int, str]] = {
+            lab["uid"]: (idx, lab["device"]) for idx, lab in (labels.read(record) if record else {}).items()
+            if isinstance(lab.get("uid"), str) and isinstance(lab.get("device"), str)}
         self._recorded: list[dict] | None = None
         self._said: set[tuple[int, tuple[str, ...]]] = set()  # CNI egress findings already logged
 
@@ -55,8 +60,8 @@ class PodIngressBackend:
     def plan(self, ctx: PlanInput) -> PodIngressPlan:
         p = pplan.plan(ctx.config, ctx.inventory, ctx.tenancy, self.take_over, dict(self._where))
         held = {h.ref for h in p.held}
-        keep = {uid: w for uid, w in self._where.items()
-                if any(pod.uid == uid and pod.ref in held for pod in ctx.inventory.pods)}
+        held_uids = {pod.uid for pod in ctx.inventory.pods if pod.ref in held}
+        keep = {uid: w for uid, w in self._where.items() if uid in held_uids}
         self._where = {**keep, **{x.uid: (x.ifindex, x.ifname) for x in p.pods}}
         self.snapshot, self.planned = p, True
         return p
