@@ -23,9 +23,9 @@ Sizing (``tbf_for``), for a cap of R bytes per second:
   window, so a TCP receiver measures close to the cap (the payload share of a 1514-byte frame, 96 %),
   while the standing delay stays at 25 ms.
 
-The CNI plugin as the kubelet and containerd drive it gets a burst of 2^32 - 1 bits (512 MiB, "unlimited"
-in their code) for every annotated pod: over a 10 s test a 50M pod receives its first 512 MiB at line
-rate. shaperd keeps the qdisc (tbf at the root, so a migrated pod is shaped the same way) and bounds the
+The CNI plugin as containerd's CRI drives it gets a burst of 2^32 - 1 bits (512 MiB, "unlimited" in its
+code; the kubelet's old dockershim gave 2^31 - 1) for every annotated pod: over a 10 s test a 50M pod
+receives its first 512 MiB at line rate. shaperd keeps the qdisc (tbf at the root, so a migrated pod is shaped the same way) and bounds the
 burst.
 """
 
