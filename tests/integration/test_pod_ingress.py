@@ -413,3 +413,29 @@ def test_the_daemon_follows_the_annotation_through_the_api(bed, tmp_path, api):
     finally:
         reader.close()
         labels.remove(labels.path_for("/run", bed.node))
+
+
+@pytest.mark.parametrize("cap_bps", [333_000, 7_000_000, 50_000_000, 123_456_789, 2_500_000_000, 35_000_000_000])
+def test_the_request_is_what_this_machines_tc_sends_for_the_same_tbf(bed, cap_bps):
+    """The recorded contract (tests/unit/test_podingress_bytes.py) for caps it does not hold, against the tc
+    installed here: each of tc's truncations in the rate table and the buffer, and RATE64 above 2^32 bytes/s."""
+    import shutil
+    import struct
+
+    from shaperd.backends.podingress import kernel_tc
+    from shaperd.backends.podingress.objects import PodIngress
+    from shaperd.kernel import nlmsg
+    from tests.strace_dump import sent
+
+    if not shutil.which("strace"):
+        pytest.fail("strace missing: scripts/setup installs it")
+    t = tbf_for(cap_bps)
+    out = bed.exec("strace", "-e", "trace=sendmsg", "-e", "write=all", "-xx", "tc", "qdisc", "replace", "dev", "up0",
+                   "root", "handle", "7368:", "tbf", "rate", f"{t.rate_Bps * 8}bit", "burst", str(t.burst_bytes),
+                   "limit", str(t.limit_bytes))
+    (theirs,) = [b for b in sent(out.stderr) if nlmsg.HDR.unpack_from(b)[1] == 36]
+    ifindex = struct.unpack_from("=i", theirs, 20)[0]
+    op = SetPodTbf(device="up0", ifindex=ifindex,
+                   pod=PodIngress(ifindex, "up0", "u", "team-a", "web-0", None, cap_bps, t))
+    ours = tc._encoder(tc.build_message(op, codec=kernel_tc.CODEC))(7)
+    assert nlmsg.HDR.unpack_from(ours)[:3] == nlmsg.HDR.unpack_from(theirs)[:3] and ours[16:] == theirs[16:]
