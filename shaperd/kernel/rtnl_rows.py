@@ -14,7 +14,7 @@ import socket
 import struct
 from typing import NamedTuple
 
-from shaperd.kernel.nlmsg import Message, U32, attrs, fast_new, string, u32, u64
+from shaperd.kernel.nlmsg import Message, U32, attr_list, attrs, fast_new, string, u32, u64
 
 IFINFOMSG = struct.Struct("=BBHiII")  # family, pad, type, index, flags, change
 TCMSG = struct.Struct("=BBHiIII")  # family, pad1, pad2, ifindex, handle, parent, info
@@ -31,6 +31,9 @@ TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
 TCA_HTB_OFFLOAD = 9  # NLA_FLAG: htb_dump puts it on an offloaded root (sch_htb.c, kernel 5.12+)
 TCA_FQ_CODEL_LIMIT = 2
 TCA_U32_CLASSID, TCA_U32_DIVISOR, TCA_U32_SEL, TCA_U32_MARK = 1, 4, 5, 10
+TCA_U32_ACT = 7
+TCA_ACT_KIND, TCA_ACT_OPTIONS = 1, 2
+TCA_MIRRED_PARMS = 2
 TCA_BPF_CLASSID, TCA_BPF_NAME, TCA_BPF_ID = 3, 7, 11
 TC_H_ROOT = 0xFFFFFFFF
 
@@ -39,6 +42,7 @@ _QUEUE = struct.Struct("=IIIII")  # qlen, backlog, drops, requeues, overlimits
 _HTB_XSTATS = struct.Struct("=IIIii")  # lends, borrows, giants, tokens, ctokens
 _U32_SEL_HEAD = 16  # struct tc_u32_sel before its keys
 _U32_KEY = struct.Struct("!II")  # mask, val in network order; then off, offmask in host order
+_TC_MIRRED = struct.Struct("=IIiiiiI")  # struct tc_mirred: index, capab, action, refcnt, bindcnt, eaction, ifindex
 _I32 = struct.Struct("=i")
 _RTNEXTHOP = struct.Struct("=HBBi")
 
@@ -126,6 +130,9 @@ class FilterRow(NamedTuple):
     name: str = ""  # bpf program name
     mark: tuple[int, int] | None = None  # u32 mark match (value, mask)
     prog_id: int = 0  # bpf: TCA_BPF_ID, the attached program's id (adoption of its maps)
+    # u32: its first mirred action as (eaction, target ifindex): TCA_EGRESS_REDIR 1, TCA_EGRESS_MIRROR 2,
+    # TCA_INGRESS_REDIR 3, TCA_INGRESS_MIRROR 4 (uapi tc_act/tc_mirred.h); None without one.
+    mirred: tuple[int, int] | None = None
 
 
 def link(buf: bytes, m: Message) -> LinkRow:
@@ -233,6 +240,19 @@ def htb_class(buf: bytes, m: Message) -> HtbClassRow | None:
                                   packets, drops, overlimits, backlog, qlen, borrows, lends, tokens, ctokens))
 
 
+def _mirred(buf: bytes, span: tuple[int, int]) -> tuple[int, int] | None:
+    """(eaction, ifindex) of the first mirred action in a filter's action list (TCA_ACT_PRIO_n nests)."""
+    for _prio, (s, e) in attr_list(buf, *span):
+        act = attrs(buf, s, e)
+        if string(buf, act.get(TCA_ACT_KIND)) != "mirred" or TCA_ACT_OPTIONS not in act:
+            continue
+        parms = attrs(buf, *act[TCA_ACT_OPTIONS]).get(TCA_MIRRED_PARMS)
+        if parms is not None and parms[1] - parms[0] >= _TC_MIRRED.size:
+            fields = _TC_MIRRED.unpack_from(buf, parms[0])
+            return (fields[5], fields[6])
+    return None
+
+
 def tc_filter(buf: bytes, m: Message) -> FilterRow | None:
     """A filter, or None for structure (u32 hash tables and divisors, chain heads without a handle)."""
     _f, _p1, _p2, index, handle, parent, info = TCMSG.unpack_from(buf, m.start)
@@ -261,7 +281,8 @@ def tc_filter(buf: bytes, m: Message) -> FilterRow | None:
             mv, mm = struct.unpack_from("=II", buf, o[TCA_U32_MARK][0])
             mark = (mv, mm) if (mv or mm) else None
         return FilterRow(**base, classid=u32(buf, o.get(TCA_U32_CLASSID)),
-                         keys=tuple(sorted(keys, key=lambda k: k.offset)), mark=mark)
+                         keys=tuple(sorted(keys, key=lambda k: k.offset)), mark=mark,
+                         mirred=_mirred(buf, o[TCA_U32_ACT]) if TCA_U32_ACT in o else None)
     if kind == "bpf":
         return FilterRow(**base, classid=u32(buf, o.get(TCA_BPF_CLASSID)), name=string(buf, o.get(TCA_BPF_NAME)),
                          prog_id=u32(buf, o.get(TCA_BPF_ID)))
