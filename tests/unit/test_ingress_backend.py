@@ -265,3 +265,28 @@ def test_stats_names_the_ifbs_and_keeps_the_plan_for_the_metrics():
     assert st.devices == ("shpi-eth0", "shpi-eth1") and b.last is p
     assert b.paths == {"eth0": ("shpi-eth0", "ebpf"), "eth1": ("shpi-eth1", "ebpf")}
     assert mapcls.is_ours_dst(p.devices[0].map_classifier.name)
+
+
+def test_before_any_plan_every_clsact_is_read_so_a_teardown_finds_a_dangling_redirect():
+    _, p = make()
+
+    class WithDangling(Reads):
+        def links(self):
+            return super().links() + [LinkRow(5, "eth3", "", 1500, True)]
+
+        def all_qdiscs(self):
+            return super().all_qdiscs() + [QdiscRow(5, 0xFFFF0000, 0xFFFFFFF1, "clsact")]
+
+        def filters(self, idx, parent, dev):
+            if idx == 5:  # shaperd's redirect, its IFB gone (mirred dumps ifindex 0 then)
+                return [FilterRow(5, 0xFFFFFFF2, 0x7369, 3, 0x800800, "u32", keys=((0, 0, 0),), mirred=(1, 0))]
+            return super().filters(idx, parent, dev)
+
+    fresh_process = IngressBackend(None)
+    tds = fresh_process.teardown(fresh_process.observe(WithDangling(p), None))
+    by = {td.target: [type(op).__name__ for op in td.ops] for td in tds}
+    assert by["eth3"] == ["DeleteRedirect"] and by["shpi-eth0"] == ["DeleteRedirect", "DeleteIfb"]
+    # A reconcile reads only the uplinks it plans and those its IFBs are fed from.
+    reconciling = IngressBackend(None)
+    reconciling._uplinks = {"eth0"}
+    assert "eth3" not in reconciling.observe(WithDangling(p), None).uplinks

@@ -2,8 +2,9 @@
 
 Owns its IFBs (``shpi-*``, kind ifb) with everything on them, the redirect filter at prio 0x7369 of each
 uplink's clsact ingress hook, and its part of the map classifier's bpffs pin scope ("ingress"). Reads the
-IFBs' trees and the ingress hooks of the planned uplinks and of the uplinks its IFBs belong to (not every
-clsact on the node: pod interfaces carry one each). An IFB that does not exist yet is created first in
+IFBs' trees and the ingress hooks of the planned uplinks and of the uplinks its IFBs belong to (in a
+reconcile not every clsact on the node: pod interfaces carry one each; before any plan, as in a
+teardown, every one). An IFB that does not exist yet is created first in
 its apply, and the operations waiting for its ifindex get it (``resolved``).
 """
 
@@ -47,8 +48,10 @@ class IngressBackend:
         self.pins = pins.sub("ingress") if pins is not None else None
         # () -> [(ifindex, name)] of the node's links: the new IFB's ifindex after its creation.
         self.links = links
-        # The uplinks of the last plan: their ingress hooks are read by observe.
-        self._uplinks: set[str] = set()
+        # The uplinks of the last plan: their ingress hooks are read by observe. None before any plan (a
+        # teardown by a fresh process): then every clsact's ingress hook is read, so a redirect whose IFB is
+        # gone is found too.
+        self._uplinks: set[str] | None = None
         # What was last said about others' filters deciding before the redirect (said once per change).
         self._said: dict[str, tuple] = {}
         # uplink -> (ifb, classifier path), as of the last stats() (status, one log line per change).
@@ -90,14 +93,17 @@ class IngressBackend:
             elif l.kind == IFB_KIND:
                 foreign_ifbs.append(l.name)
         out.foreign_ifbs = tuple(sorted(foreign_ifbs))
+        planned = self._uplinks if self._uplinks is not None else set()
         # Devices named like an IFB of a planned uplink that are not IFBs: in the way, left alone.
-        for up in self._uplinks:
+        for up in planned:
             other = by_name.get(ifb_name(up))
             if other is not None and other.kind != IFB_KIND:
                 out.squatters[other.name] = other.kind
         # The uplinks whose ingress hook matters: the planned ones, and those shaperd's IFBs are fed from.
         fed = {l.name for l in links if ifb_name(l.name) in out.ifbs and not is_ifb_name(l.name)}
-        for name in sorted(self._uplinks | fed):
+        if self._uplinks is None:
+            fed |= {l.name for l in links if l.ifindex in clsact and l.kind != IFB_KIND}
+        for name in sorted(planned | fed):
             l = by_name.get(name)
             if l is None:
                 continue
