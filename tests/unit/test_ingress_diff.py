@@ -226,3 +226,28 @@ def test_operations_describe_themselves():
     assert ops.CreateIfb(device="shpi-eth0", ifindex=0, uplink="eth0").describe() == \
         "create ifb device (fed from eth0) on shpi-eth0"
     assert isinstance(AddClsact(device="eth0", ifindex=2), ops.AddClsact)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["team-a", "team-b", "other"]), st.integers(0, 250), st.booleans()),
+                max_size=12), st.booleans())
+def test_any_node_is_in_sync_after_its_own_plan_and_every_destination_has_one_tenant_class(pods, bpf):
+    from .test_ingress_plan import SOURCE
+
+    text = SOURCE.replace("match: {cidrs: [198.18.2.0/24]}", "match: {cidrs: [198.18.2.0/24], namespaces: [team-b]}")
+    ps = [pod(f"u{i}", ns, [f"198.18.9.{last}", f"2001:db8:9::{last:x}"], host=host)
+          for i, (ns, last, host) in enumerate(pods)]
+    _, p = make(text, bpf_maps=bpf, pods=ps)
+    assert [td.ops for td in differ.diff(p, in_sync(p))] == [[], []]
+    for dp in p.devices:
+        tenant_classes = {t.classid for t in dp.tenants}
+        if dp.map_classifier is not None:
+            values = [int.from_bytes(v, "little") for e in dp.map_classifier.entries.values() for v in e.values()]
+        else:
+            values = [f.classid for f in dp.filters]
+        assert set(values) <= tenant_classes
+        rates = sum(c.rate_bps for c in dp.classes if c.parent != INGRESS_ROOT)
+        assert rates <= dp.capacity_bps + len(dp.tenants) * 8_000  # guarantees never above the capacity
