@@ -75,6 +75,9 @@ def full_exposition(tmp_path, rig) -> str:  # noqa: F811
     htb = HtbBackend(writer=None)
     htb.classifier_paths, htb.offload = {"eth0": "ebpf"}, {"eth0": (True, "mlx5_core, hw-tc-offload on")}
     classifier_metrics.install(m, [htb])
+    from shaperd.daemon.service import install_annotation_metrics
+
+    install_annotation_metrics(m, rec)  # refused pod annotations, from the reconciler's ledger
     return m.exposition().decode()
 
 
@@ -85,7 +88,8 @@ def test_the_exposition_has_every_collector_and_promtool_finds_nothing(tmp_path,
     for n in ("shaperd_tenant_transmit_rate_bytes_per_second", "shaperd_tenant_rdma_transmit_wait",
               "shaperd_tenant_devlink_rate_configured_bytes_per_second",
               "shaperd_tenant_vf_configured_rate_bytes_per_second", "shaperd_tenant_dcb_share_ratio",
-              "shaperd_htb_offload", "shaperd_classifier_info", "shaperd_degraded_targets", "process_resident_memory_bytes", "process_start_time_seconds", "python_info"):
+              "shaperd_htb_offload", "shaperd_classifier_info", "shaperd_degraded_targets",
+              "shaperd_pod_annotation_invalid", "process_resident_memory_bytes", "process_start_time_seconds", "python_info"):
         assert n in names, n
     r = run(["check", "metrics"], stdin=text)
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
