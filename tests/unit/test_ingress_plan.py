@@ -178,7 +178,8 @@ def test_admission_guarantees_plus_reserve_above_capacity_per_uplink():
     # eth0 admits 975 Mbit/s of ingress guarantees; eth1 (980 Mbit/s usable, 1 % reserve) does not.
     assert [d.uplink for d in p.devices] == ["eth0"] and p.skipped == ("eth1",)
     (pr,) = p.problems
-    assert pr.path == "tenants" and "ingress guarantees" in pr.message and "device eth1" in pr.message
+    assert pr.path == "tenants[].ingress.bandwidthGuarantee" and "ingress guarantees" in pr.message
+    assert "device eth1" in pr.message
     # The same guarantees fit where node.reserve leaves room for them.
     cfg2 = config.load_text(SPEEDS.replace("bandwidthGuarantee: 200Mbps, bandwidthLimit: 400Mbps",
                                            "bandwidthGuarantee: 975Mbps").replace(
