@@ -179,7 +179,7 @@ def test_apply_builds_the_ifb_tree_and_redirect_and_a_second_reconcile_writes_no
     assert node.apply(rec=again).changes == 0 and sent == []
 
 
-def test_traffic_towards_a_tenants_pod_lands_in_its_ifb_class_and_reaches_the_pod(node):
+def test_traffic_towards_a_tenants_pod_lands_in_its_ifb_class_and_reaches_the_pod(node, tmp_path):
     node.apply()
     before = node.ifb_counters()
     node.bed.send("198.18.0.2", "198.18.20.2", 200, 40, ns=node.bed.peer)  # tenant-a's pod
@@ -199,17 +199,11 @@ def test_traffic_towards_a_tenants_pod_lands_in_its_ifb_class_and_reaches_the_po
     got = {(s.labels["tenant"], s.labels["device"]): s.value for s in fams["shaperd_tenant_receive_packets"].samples
            if s.name.endswith("_total")}
     assert got[("tenant-a", "up0")] >= 60 and got[("tenant-b", "up0")] >= 30 and ("tenant-c", "up0") not in got
-    st = node.bed.shaperd("status", "--config", str(write(node, CFG)), "-o", "json", "--interval", "0.05")
+    cfg = tmp_path / "tenants.yaml"
+    cfg.write_text(CFG)
+    st = node.bed.shaperd("status", "--config", str(cfg), "-o", "json", "--interval", "0.05")
     rows = {r["tenant"]: r for r in json.loads(st.stdout.splitlines()[-1])["ingress"]}
     assert rows["tenant-a"]["packets"] >= 60 and rows["tenant-a"]["device"] == "up0"
-
-
-def write(node: Node, text: str):
-    from pathlib import Path
-
-    p = Path(f"/tmp/{node.bed.tag}-tenants.yaml")
-    p.write_text(text)
-    return p
 
 
 def test_u32_path_where_there_are_no_ebpf_maps(node):
