@@ -265,6 +265,10 @@ class Reconciler:
                 bo.stats = b.stats(bo.desired)
                 for td in b.diff(bo.desired, b.observe(reads, inv)):
                     bo.targets.append(self._settle(b, bo.desired, td, inv, write))
+                if write and any(t.ops for t in bo.targets):
+                    # This backend wrote (a clsact qdisc, a root): the backends after it read the node afresh,
+                    # not the dump taken before. An in-sync reconcile still reads it once.
+                    reads = CachedReads(self.reader)
             except Exception as e:  # noqa: BLE001 - one backend never stops the others
                 bo.error = self._backend_failed(b, e)
         return Report(PlanResult(ctx.tenancy, desired, self.unmet(ctx)), outcomes, time.perf_counter() - start,

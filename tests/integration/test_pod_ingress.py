@@ -245,13 +245,16 @@ def test_the_cni_plugins_qdisc_is_left_alone_with_the_reason_and_taken_over_only
         observed = b.observe(CachedReads(r), rec.inventory(node.cfg))
     (ifindex,) = [l.ifindex for l in node.reader.links() if l.name == "cali1"]
     assert observed.ingress[ifindex].ifbs == ("bwp0123456789ab",)
-    # The ingress qdisc holds the ingress hook: the marks backend's clsact cannot be added (the kernel says
-    # EEXIST, every reconcile). Its mark program lands on the plugin's ingress qdisc instead (a filter on
-    # parent ffff:fff2 is the ingress block's), behind the plugin's redirect at pref 1, which takes every
-    # packet first: the pod is recognised by its address on the uplink.
-    marks = [e for d in rep.devices if d.backend == "marks" for _op, e in d.failed]
+    # The ingress qdisc holds the ingress hook: clsact cannot be added beside it, so the marks backend leaves
+    # that interface alone and says so (no write attempted, none failing every reconcile); the pod is
+    # recognised by its address on the uplink. The plugin's filters are unchanged (checked above).
     if node.caps.bpf:
-        assert marks and all(e.errno == 17 and "cali1" in str(e) for e in marks), marks
+        marks = [d for d in rep.devices if d.backend == "marks"]
+        assert not [e for d in marks for _op, e in d.failed], marks
+        (blocked,) = [d for d in marks if d.device == "cali1"]
+        assert blocked.blocked.startswith("an ingress qdisc (not clsact) holds the ingress hook of cali1") \
+            and "team-a/web-0" in blocked.blocked and "by address only" in blocked.blocked
+        assert not [d for d in node.apply(node.reconciler()).devices if d.backend == "marks" and d.ops]
     # Taken over when asked: shaperd's tbf replaces the plugin's root; its ingress qdisc, filter and IFB stay.
     rep = node.apply(node.reconciler(take_over=True))
     (op,) = node.ops(rep, SetPodTbf)

@@ -258,6 +258,28 @@ def test_a_capped_pod_the_mask_has_no_mark_for_gets_none_and_a_warning():
     assert e["ifindex"][mapcls.u32_key(lacking.host_ifindex)] == mapcls.value(cls_of(p, lacking.uid))
 
 
+def test_marks_leave_an_interface_whose_ingress_hook_holds_an_ingress_qdisc_alone_and_say_so():
+    """The CNI bandwidth plugin's egress side puts a classic ingress qdisc on the pod's veth: clsact cannot be
+    added beside it (EEXIST), so no write is planned there; the target is blocked with the reason, and the
+    other interfaces get their marks as before. Once the ingress qdisc is gone, the mark is planned again."""
+    from shaperd.backends.marks.objects import MarksObserved
+
+    cfg = config.load_text(TEXT)
+    i = inv()
+    desired = marks_plan.plan(cfg, i, tenancy(cfg, i))
+    by_name = {m.ifname: m for m in desired.marks}
+    held = by_name["veth10"].ifindex
+    observed = MarksObserved(ingress_qdisc=frozenset({held}))
+    ops = marks_plan.diff(desired, observed).ops
+    assert ops and all(op.ifindex != held for op in ops)
+    assert {op.ifindex for op in ops} == {m.ifindex for m in desired.marks} - {held}
+    (blocked,) = marks_plan.blocked(desired, observed)
+    assert blocked.target == "veth10" and not blocked.ops
+    assert "ingress qdisc (not clsact)" in blocked.blocked and "team-a/u1" in blocked.blocked
+    free = marks_plan.diff(desired, MarksObserved())
+    assert held in {op.ifindex for op in free.ops} and not marks_plan.blocked(desired, MarksObserved())
+
+
 # ------------------------------------------------------------------ diff and observe
 
 

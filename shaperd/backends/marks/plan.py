@@ -56,9 +56,21 @@ def plan(cfg: Config, inv: Inventory, ten: Tenancy) -> MarksPlan:
     return MarksPlan(marks=tuple(out))
 
 
+def blocked(desired: MarksPlan, observed: MarksObserved) -> list[TargetDiff]:
+    """One target left alone per interface whose ingress hook holds a classic ``ingress`` qdisc: shaperd
+    never replaces it (it is someone else's, often the CNI bandwidth plugin's), so that interface's pods are
+    recognised on the uplink by address only (not after masquerade or encapsulation)."""
+    return [TargetDiff(m.ifname, blocked=(
+                f"an ingress qdisc (not clsact) holds the ingress hook of {m.ifname} (the CNI bandwidth plugin's "
+                f"egress side puts one there): mark program left unset; pods {', '.join(m.pods) or '-'} are "
+                "recognised by address only"))
+            for m in desired.marks if m.ifindex in observed.ingress_qdisc and m.ifindex not in observed.clsact]
+
+
 def diff(desired: MarksPlan, observed: MarksObserved) -> TargetDiff:
     out = TargetDiff(TARGET)
-    want = {m.ifindex: m for m in desired.marks}
+    want = {m.ifindex: m for m in desired.marks
+            if m.ifindex not in observed.ingress_qdisc or m.ifindex in observed.clsact}  # blocked() says the rest
     for idx, m in sorted(want.items()):
         have = observed.marks.get(idx)
         if have is not None and have.name == m.name:
