@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Benchmark (issue 11): classification cost vs number of prefixes, big applies, one-prefix updates.
+"""Benchmark (issue 11): classification cost vs number of prefixes, big applies, one-prefix updates, a per-pod class.
 
     sudo .venv/bin/python bench/classify_bench.py pps [--repeats 3] [--duration 5]
     sudo .venv/bin/python bench/classify_bench.py apply [--prefixes 50000] [--runs 3]
     sudo .venv/bin/python bench/classify_bench.py add-one [--prefixes 50000] [--runs 5]
     sudo .venv/bin/python bench/classify_bench.py daemon [--prefixes 50000] [--runs 2]
     sudo .venv/bin/python bench/classify_bench.py testrun [--prefixes 0,500,5000,50000]
+    sudo .venv/bin/python bench/classify_bench.py podcap [--repeats 3] [--duration 5] [--path ebpf,u32]
 
 pps: 64-byte UDP payloads sent by one Python sender in a node namespace from
 198.18.0.1 (an address of no tenant, so every classifier is consulted)
@@ -27,6 +28,16 @@ sent (bpf() write commands and netlink requests, by wrapping both).
 
 testrun: the program's own cost per packet as the kernel measures it
 (BPF_PROG_TEST_RUN with repeat), independent of the sender and of HTB.
+
+podcap: the per-packet cost of a per-pod class (kubernetes.io/egress-bandwidth).
+The same sender and bed as pps, its address 198.18.0.1 the one address of a
+"pod" of tenant-0 (8 tenants, capacity 100Gbit, tenant-0 10..90Gbit): once
+unannotated, so its packets go through the tenant's leaf, and once annotated
+50G, so they go through the pod's own leaf under the tenant's (now inner)
+class (and its rest leaf beside it); both on the eBPF map classifier and on
+u32, configurations interleaved within each repeat. No cap is reached (50G and
+90G are far above what one sender makes), so the difference is the cost of the
+deeper class tree and of the pod's entries.
 
 daemon: `shaperd run` on that config: start -> first "reconciled" line, the
 next resyncs' durations and changes, and the daemon's VmRSS / VmHWM.
@@ -200,6 +211,70 @@ def cmd_pps(args) -> list[dict]:
         name = label if label in ("no qdisc", "htb only") else f"shaperd {label}, 64 tenants, {n:,} prefixes"
         ratio = s["median"] / statistics.median(base) if base else float("nan")
         print(f"| {name} | {s['median']:,.0f} ({s['min']:,.0f}..{s['max']:,.0f}) | {ratio:.2f} | {loads} |")
+    return results
+
+
+def podcap_config() -> dict:
+    return {"node": {"interfaces": ["up0"], "capacity": "100Gbps"},
+            "tenants": [{"name": f"tenant-{i}", "bandwidthGuarantee": "10Gbps", "bandwidthLimit": "90Gbps",
+                         "priority": i % 3, "match": {"namespaces": [f"team-{i}"]}} for i in range(8)]}
+
+
+def podcap_pod(egress: str | None):
+    """The sender's address as the one address of a pod of tenant-0 (what the watcher would hand over)."""
+    from shaperd.discovery.kubernetes import PodInfo
+    from tests.k8s_fake import make_pod
+
+    obj = make_pod("sender-0", "node-1", namespace="team-0", ips=("198.18.0.1",),
+                   uid="00000000-0000-4000-8000-0000000000bb")
+    if egress is not None:
+        obj["metadata"]["annotations"] = {"kubernetes.io/egress-bandwidth": egress}
+    return PodInfo.from_dict(obj)
+
+
+def cmd_podcap(args) -> list[dict]:
+    from shaperd.core import config as config_mod
+    from shaperd.core import log
+    from shaperd.engine.reconciler import open_node
+
+    log.configure(json=True, level="error")
+    cfg = config_mod.from_dict(podcap_config())
+    configs = [(path, leaf) for path in args.path.split(",") for leaf in ("tenant leaf", "pod leaf")]
+    results = []
+    bed = Bed(str(os.getpid() % 10000))
+    try:
+        for rep in range(args.repeats):
+            for path, leaf in configs:
+                for what in ("root", "clsact"):
+                    netns.run(("tc", "qdisc", "del", "dev", "up0", what), bed.node, check=False)
+                pod = podcap_pod("50G" if leaf == "pod leaf" else None)
+                rec = open_node(caps_for(path), netns=bed.node, pods_source=lambda pod=pod: [pod])
+                r = rec.apply(cfg)
+                htb = r.plan.desired["htb"]
+                if not r.ok or (leaf == "pod leaf") != bool(htb.pods):
+                    raise RuntimeError(f"apply {path} {leaf}: not ok or not the tree measured")
+                # The leaf the packets must go through: the pod's own, or the tenant's.
+                through = htb.pods[0].classid if htb.pods else htb.devices[0].tenant_classes["tenant-0"]
+                bed.pps(0.5)  # warm-up
+                la = loadavg()
+                before = class_packets(bed, through)
+                pps, sent = bed.pps(args.duration)
+                row = {"bench": "podcap", "path": path, "leaf": leaf, "repeat": rep, "pps": round(pps),
+                       "sent_pps": round(sent / args.duration), "classes": len(htb.devices[0].classes),
+                       "through_class_packets": class_packets(bed, through) - before, "loadavg": la}
+                print(json.dumps(row), flush=True)
+                results.append(row)
+    finally:
+        bed.cleanup()
+    print("\n| classifier | through | packets/s received, median (min..max) | vs the tenant leaf (median) | loadavg |")
+    print("|---|---|---|---|---|")
+    for path, leaf in configs:
+        xs = [r["pps"] for r in results if r["path"] == path and r["leaf"] == leaf]
+        base = [r["pps"] for r in results if r["path"] == path and r["leaf"] == "tenant leaf"]
+        s = summary(xs)
+        loads = ", ".join(r["loadavg"].split()[0] for r in results if r["path"] == path and r["leaf"] == leaf)
+        print(f"| {path} | {leaf} | {s['median']:,.0f} ({s['min']:,.0f}..{s['max']:,.0f}) | "
+              f"{s['median'] / statistics.median(base):.3f} | {loads} |")
     return results
 
 
@@ -483,11 +558,16 @@ def main(argv=None) -> int:
     p = sub.add_parser("daemon")
     p.add_argument("--prefixes", type=int, default=50000)
     p.add_argument("--runs", type=int, default=2)
+    p = sub.add_parser("podcap")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--path", default="ebpf,u32", help="classifier paths, comma-separated (ebpf, u32)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("classify_bench: needs root", file=sys.stderr)
         return 2
-    {"pps": cmd_pps, "apply": cmd_apply, "add-one": cmd_add_one, "daemon": cmd_daemon, "testrun": cmd_testrun}[args.cmd](args)
+    {"pps": cmd_pps, "apply": cmd_apply, "add-one": cmd_add_one, "daemon": cmd_daemon, "testrun": cmd_testrun,
+     "podcap": cmd_podcap}[args.cmd](args)
     return 0
 
 

@@ -3,7 +3,8 @@
 
     .venv/bin/python bench/fuzz.py [--examples 20000] [--json]
 
-Owns: running each property (tenants loader, pod objects, pod-resources bytes and messages) for
+Owns: running each property (tenants loader, pod objects, pod-resources bytes and messages, pod
+bandwidth annotations beside steady pods, the tenants' ingress block) for
 ``--examples`` random inputs (hypothesis, not derandomized: each run explores new inputs) and
 reporting per property: inputs tried, accepted / refused, the slowest input, wall time, and the first
 failure (a traceback other than the typed errors, or an input over fuzz_inputs.MAX_INPUT_S) with the
@@ -36,6 +37,8 @@ PROPERTIES = {
     "pod objects": (fz.pod_objects, fz.check_pod_object),
     "pod-resources bytes": (fz.pod_resources_bytes, lambda b: fz.check_pod_resources_bytes(b, NO_SYSFS)),
     "pod-resources messages": (fz.pod_resources_messages, lambda m: fz.check_pod_resources_message(m, NO_SYSFS)),
+    "pod annotations": (fz.annotated_pods, fz.check_annotated_pods),
+    "ingress block": (fz.ingress_texts, fz.check_ingress_text),
 }
 
 

@@ -2,7 +2,8 @@
 """Benchmark: memory and timing of pod create/delete churn through the daemon.
 
     sudo .venv/bin/python bench/pod_churn.py [--cycles 1000] [--steady 20] [--mode daemon|inprocess]
-                                             [--order alternate|api-first|veth-first] [--no-tracemalloc] [--json]
+                                             [--order alternate|api-first|veth-first] [--no-annotations]
+                                             [--no-tracemalloc] [--json]
 
 The issue's target: "a churn benchmark of 1,000 pod create/delete cycles ends
 with exactly the kernel state a fresh start would make, and with flat memory".
@@ -31,6 +32,17 @@ through a Reconciler in this process fed a mutable pod list (test_pods.py's
 way), memory of this process; it isolates the reconcile path from the
 watcher, HTTP and sampler threads.
 
+Annotations (unless ``--no-annotations``): a share of the pods carries
+``kubernetes.io/egress-bandwidth`` (tests/routed_pods.py ``annotation_plan``:
+a third of the churn pods are created capped, some of them change value or
+lose the cap while they live, every fourth of the others gains one; every
+third steady pod is capped and the steady pods' annotations change half-way).
+A capped pod is enforced once its addresses map to a class of its own with
+its cap as ceil. At the end ``checks.leftovers`` lists what of the deleted
+pods is still on the node (a class, a u32 filter or map entry pointing at one,
+a source entry of one of their addresses, a mark program): empty when none
+is (tests/integration/test_pod_churn.py shows the check catches a planted one).
+
 Nothing is asserted; the results are printed (or one JSON document). All
 namespaces and the daemon are removed even on failure, Ctrl-C or SIGTERM.
 """
@@ -57,8 +69,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from shaperd_bed import netns  # noqa: E402
-from tests.routed_pods import (CFG, NODE_NAME, Kernel, PodSpec, add_routed_pods, build_node,  # noqa: E402
-                               enforced, gone, remove_routed_pod, tenant_for)
+from tests.routed_pods import (CFG, EGRESS_ANNOTATION, NODE_NAME, Kernel, PodSpec, add_routed_pods,  # noqa: E402
+                               annotation_plan, build_node, enforced, gone, leftovers, own_class, remove_routed_pod,
+                               steady_annotation, tenant_for)
 
 PY = sys.executable
 SAMPLE_EVERY = 50
@@ -277,6 +290,8 @@ class Result:
     samples: list[dict] = field(default_factory=list)
     tracemalloc: dict = field(default_factory=dict)
     timeouts: int = 0
+    annotated: int = 0  # churn pods capped at some point of their life
+    annotation_changes: int = 0
     checks: dict = field(default_factory=dict)
     reconciles: dict = field(default_factory=dict)
 
@@ -285,7 +300,9 @@ def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> No
     from shaperd.core.config import load_text
 
     cfg = load_text(CFG)
-    steady = [PodSpec("s", i, tenant_for(i)) for i in range(args.steady)]
+    ann = args.annotations
+    steady = [PodSpec("s", i, tenant_for(i), egress=steady_annotation(i, True) if ann else None)
+              for i in range(args.steady)]
     add_routed_pods(node, pods_ns, steady)
     api = daemon = None
     k = Kernel(node)
@@ -304,7 +321,25 @@ def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> No
             rec = k.reconciler(caps, lambda: pods)
             pods.extend(p.info() for p in steady)
             rec.apply(cfg)
-        tenant_steady = [p for p in steady if p.tenant]
+        def annotate(pod: PodSpec, value: str | None) -> None:
+            """The pod's annotation changes while it lives (in the API, or in the in-process pod list)."""
+            pod.egress = value
+            out.annotation_changes += 1
+            if api is not None:
+                def fn(obj):
+                    a = obj["metadata"].setdefault("annotations", {})
+                    if value is None:
+                        a.pop(EGRESS_ANNOTATION, None)
+                    else:
+                        a[EGRESS_ANNOTATION] = value
+                api.modify_pod(pod.uid, fn)
+            else:
+                pods[:] = [pod.info() if p.uid == pod.uid else p for p in pods]
+                rec.apply(cfg)
+
+        deleted: dict[int, str] = {}  # classid -> name, of every class a capped churn pod had
+        deleted_pods: list[PodSpec] = []
+        tenant_steady = [p for p in steady if p.tenant or p.egress]
         if not wait_until(lambda: all(enforced(k, p) for p in tenant_steady), 30, 0.05):
             raise RuntimeError("steady pods never enforced" + (f"\n{daemon.tail()}" if daemon else ""))
         time.sleep(0.5 if daemon else 0)  # start-up reconciles and their echoes pass before the first sample
@@ -336,7 +371,14 @@ def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> No
                            "alternate": lambda c: c % 2 == 0}[args.order]
         for c in range(1, args.cycles + 1):
             t_cycle = time.perf_counter()
-            pod = PodSpec("c", c, "tenant-a" if c % 2 else "tenant-b")
+            if ann and c == args.cycles // 2:  # half-way: the steady pods' annotations change
+                for i, p in enumerate(steady):
+                    if steady_annotation(i, False) != p.egress:
+                        annotate(p, steady_annotation(i, False))
+                if not wait_until(lambda: all(enforced(k, p) for p in tenant_steady), 10):
+                    out.timeouts += 1
+            first, then = annotation_plan(c) if ann else (None, None)
+            pod = PodSpec("c", c, "tenant-a" if c % 2 else "tenant-b", egress=first)
             add_routed_pods(node, pods_ns, [pod])
             t_add = time.perf_counter()
             if api is not None:
@@ -347,6 +389,16 @@ def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> No
             if not wait_until(lambda: enforced(k, pod), 10):
                 out.timeouts += 1
             out.add_s.append(time.perf_counter() - t_add)
+            if first is not None or then is not None:
+                out.annotated += 1
+            if pod.egress is not None and (cid := own_class(k, pod)) is not None:
+                deleted[cid] = pod.name
+            if then != first:
+                annotate(pod, then)
+                if not wait_until(lambda: enforced(k, pod), 10):
+                    out.timeouts += 1
+                if pod.egress is not None and (cid := own_class(k, pod)) is not None:
+                    deleted[cid] = pod.name
             t_del = time.perf_counter()
             api_first = order_api_first(c)
             if not api_first:
@@ -368,6 +420,7 @@ def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> No
                     rec.apply(cfg)  # the link event
             out.del_s.append(time.perf_counter() - t_del)
             out.cycle_s.append(time.perf_counter() - t_cycle)
+            deleted_pods.append(pod)
             if c % SAMPLE_EVERY == 0 or c == args.cycles:
                 out.samples.append({"cycle": c, "t": time.perf_counter() - start, **memory()})
                 if c == min(SAMPLE_EVERY, args.cycles):
@@ -384,6 +437,10 @@ def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> No
         out.cycles = args.cycles
         # Let the daemon settle (the last veth removal is a link event, debounced 0.2 s).
         time.sleep(1.0)
+        live = {own_class(k, p) for p in steady if p.egress}
+        out.checks["leftovers"] = leftovers(k, deleted, deleted_pods, live - {None})
+        out.checks["capped_classes_churned"] = len(deleted)
+        out.checks["steady_enforced"] = all(enforced(k, p) for p in tenant_steady)
         if daemon is not None:
             recs = daemon.reconciles()
             durs = [r.get("duration_ms", 0.0) for r in recs]
@@ -458,7 +515,8 @@ def report(res: Result, args) -> dict:
         "cycle_ms": summary([x * 1000 for x in res.cycle_s]),
         "create_to_enforced_ms": summary([x * 1000 for x in res.add_s]),
         "delete_to_removed_ms": summary([x * 1000 for x in res.del_s]),
-        "timeouts": res.timeouts, "memory": memory_summary(res.samples, warm), "samples": res.samples,
+        "timeouts": res.timeouts, "annotated_pods": res.annotated, "annotation_changes": res.annotation_changes,
+        "memory": memory_summary(res.samples, warm), "samples": res.samples,
         "tracemalloc": res.tracemalloc, "reconciles": res.reconciles, "checks": res.checks,
         "kernel": os.uname().release, "python": sys.version.split()[0],
     }
@@ -470,6 +528,11 @@ def print_human(doc: dict) -> None:
     print(f"pod churn: {doc['cycles']} cycles, {doc['steady_pods']} steady pods, mode {doc['mode']}, "
           f"order {doc['order']}, tracemalloc frames {doc['tracemalloc_frames']} (kernel {doc['kernel']})")
     print(f"  duration {doc['duration_s']:.1f} s = {doc['cycles_per_s']:.2f} cycles/s; timeouts {doc['timeouts']}")
+    print(f"  annotated churn pods {doc['annotated_pods']}, annotation changes {doc['annotation_changes']}, "
+          f"capped classes churned {ch.get('capped_classes_churned', 0)}; steady pods enforced at the end: "
+          f"{ch.get('steady_enforced')}; leftovers of deleted pods: {len(ch.get('leftovers', []))}")
+    for what in ch.get("leftovers", [])[:20]:
+        print(f"    left: {what}")
     for key in ("cycle_ms", "create_to_enforced_ms", "delete_to_removed_ms"):
         s = doc[key]
         if s.get("n"):
@@ -507,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=["daemon", "inprocess"], default="daemon")
     ap.add_argument("--order", choices=["alternate", "api-first", "veth-first"], default="alternate",
                     help="on delete: pod from the API first, its veth first, or alternating (default)")
+    ap.add_argument("--no-annotations", dest="annotations", action="store_false",
+                    help="no pod carries kubernetes.io/egress-bandwidth (the churn as before per-pod caps)")
     ap.add_argument("--tracemalloc-frames", type=int, default=5, help="0 = no tracemalloc (default 5)")
     ap.add_argument("--no-tracemalloc", dest="tracemalloc_frames", action="store_const", const=0)
     ap.add_argument("--json", action="store_true")

@@ -1,11 +1,14 @@
 """Bad-input generators and the one property each input must keep (issue 14): for the tenants file
-loader, pod objects from the API, and the kubelet's pod-resources replies.
+loader, pod objects from the API, the kubelet's pod-resources replies, pod bandwidth annotations and
+the tenants' ``ingress`` block.
 
 Owns: the hypothesis strategies (random text, random JSON/YAML documents, mutations of a good input:
 truncation, byte flips, splices) and ``check_*`` functions stating the property: the input is either
 accepted or refused with the boundary's typed error (ConfigError, PodParseError; for pod-resources a
 protobuf DecodeError, which the gRPC client turns into PodResourcesError), within a bounded time, and
-nothing else escapes. Used by tests/unit/test_fuzz_inputs.py (fixed budget) and bench/fuzz.py (longer).
+nothing else escapes. Annotations: no value makes a pod unreadable; each value is a cap within the
+bounds or a refusal with a reason; the pod stays in its tenant; other pods keep their tenants and caps.
+The ingress block: an accepted file keeps every admission rule, and the other tenants are as written. Used by tests/unit/test_fuzz_inputs.py (fixed budget) and bench/fuzz.py (longer).
 Must not: touch the kernel or the network.
 """
 
@@ -18,6 +21,11 @@ import yaml
 from hypothesis import strategies as st
 
 from shaperd.core.config import load_text
+from shaperd.core.config.model import default_reserve_bps
+from shaperd.core.inventory import Inventory, Link
+from shaperd.core.podcaps import ANNOTATIONS, MAX_BPS, MIN_BPS, REASONS, EGRESS_ANNOTATION
+from shaperd.core.tenancy import shaped_capacity_bps, tenancy
+from shaperd.discovery import pods as pods_mod
 from shaperd.discovery.kubernetes import PodInfo
 from shaperd.discovery.kubernetes.errors import PodParseError
 from shaperd.discovery.podresources import api_pb2
@@ -177,3 +185,145 @@ def check_pod_resources_message(msg, roots: Roots) -> str:
     assert all(isinstance(n, str) for n in notes)
     assert all(isinstance(v, tuple) for v in assigned.values())
     return "refused" if problems else "accepted"
+
+
+# -- pod bandwidth annotations -----------------------------------------------------------------------------
+
+ABSENT = object()  # the annotation is not there (None is a JSON null on the wire)
+_SUFFIXES = ["", "n", "u", "m", "k", "K", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "e3", "E3",
+             "e-3", "e+30", "E", "e", "Gbps", "mbit", "/s", "e99999999999", "e-99999999999"]
+random_quantities = st.builds(lambda sign, whole, frac, suffix: sign + whole + frac + suffix,
+                              st.sampled_from(["", "+", "-"]), st.text("0123456789", max_size=20),
+                              st.sampled_from(["", ".", ".5", ".000001", ".9999999999999999999999999999999"]),
+                              st.sampled_from(_SUFFIXES))
+annotation_values = st.one_of(
+    random_quantities,
+    st.text(max_size=40),  # garbage
+    st.integers(1, 200_000).map(lambda n: "9" * n),  # huge strings
+    st.integers(1, 50_000).map(lambda n: "1" + "0" * n + "e-" + str(n - 6)),  # huge, and exactly 1 Mbit/s
+    st.sampled_from(["fast", "0", "-5M", "100M,200M", "100M 200M", "1e999999999", "1E", "1Ei", "0.5k", "2P",
+                     " 100M", "100M\n", "100M", "1.5G", "512Ki", "20G", "\x00", "١٠٠M"]),
+    json_values,  # not strings: numbers, lists, objects, null
+)
+annotated_pods = st.lists(st.tuples(st.one_of(st.just(ABSENT), annotation_values),
+                                    st.one_of(st.just(ABSENT), annotation_values)), min_size=1, max_size=6)
+
+ANNOTATION_CFG = load_text("""node: {capacity: 10Gbps}
+tenants:
+  - {name: tenant-a, bandwidthGuarantee: 2Gbps, match: {podLabels: {team: a}}}
+  - {name: tenant-b, bandwidthGuarantee: 1Gbps, match: {namespaces: [team-b]}}
+""")
+_LINKS = (Link("up0", 2, speed_bps=10**10),)
+
+
+class _NoRoutes:
+    def route_to(self, ip):
+        return None
+
+
+def _pod_wire(i: int, kind: str, egress=ABSENT, ingress=ABSENT) -> dict:
+    ns, labels = ("team-b", {}) if i % 3 == 2 else ("team-a", {"team": "a"})
+    pod = make_pod(f"{kind}-{i}", "node-1", namespace=ns, ips=(f"198.18.{1 if kind == 'f' else 0}.{i + 1}",),
+                   labels=labels, uid=f"{kind}{i:07d}-0000-4000-8000-000000000000")
+    ann = {}
+    for key, v in zip(ANNOTATIONS, (egress, ingress)):
+        if v is not ABSENT:
+            ann[key] = v
+    if ann:
+        pod["metadata"]["annotations"] = ann
+    return pod
+
+
+# Pods that are not fuzzed: their tenants and caps must not move whatever the others carry.
+STEADY = [_pod_wire(0, "s", egress="100M"), _pod_wire(1, "s", ingress="50M"),
+          _pod_wire(2, "s", egress="1G", ingress="2G"), _pod_wire(3, "s")]
+
+
+def _tenancy(wires):
+    infos = [PodInfo.from_dict(w) for w in wires]
+    inv = Inventory(links=_LINKS, pods=pods_mod.resolve(_NoRoutes(), infos, _LINKS, None))
+    return tenancy(ANNOTATION_CFG, inv)
+
+
+def check_annotated_pods(pairs) -> str:
+    """Random egress/ingress values on pods beside steady ones: "accepted" if any value became a cap."""
+    fuzzed = [_pod_wire(i, "f", e, g) for i, (e, g) in enumerate(pairs)]
+    bare = [_pod_wire(i, "f") for i in range(len(pairs))]
+    base = _timed(lambda: _tenancy(STEADY + bare), "tenancy")
+    t = _timed(lambda: _tenancy(STEADY + fuzzed), "tenancy")
+    assert t.pod_tenants == base.pod_tenants  # no annotation moves a pod, its own or another
+    steady = {w["metadata"]["uid"] for w in STEADY}
+    assert {u: c for u, c in t.pod_caps.items() if u in steady} == {u: c for u, c in base.pod_caps.items() if u in steady}
+    link = shaped_capacity_bps(ANNOTATION_CFG, list(_LINKS))
+    refused = {(a.uid, a.key): a for a in t.invalid_annotations}
+    assert len(refused) == len(t.invalid_annotations)  # one refusal per pod and key
+    accepted = 0
+    for w, (e, g) in zip(fuzzed, pairs):
+        uid = w["metadata"]["uid"]
+        cap = t.pod_caps.get(uid)
+        for key, v, got in ((ANNOTATIONS[0], e, cap and cap.egress_bps), (ANNOTATIONS[1], g, cap and cap.ingress_bps)):
+            if v is ABSENT:
+                assert got is None and (uid, key) not in refused
+            elif got is not None:
+                assert (uid, key) not in refused and MIN_BPS <= got <= min(MAX_BPS, link)
+                accepted += 1
+            else:
+                a = refused[(uid, key)]
+                assert a.reason in REASONS and a.message and a.warning().startswith(f"pod {a.ref}: annotation {key}=")
+                assert len(a.warning()) < 1000  # a huge value is quoted, not copied
+    assert not any(a.uid in steady for a in t.invalid_annotations)
+    if not any(c.egress_bps for u, c in t.pod_caps.items() if u not in steady):
+        assert t.pod_marks == base.pod_marks  # refusals take no mark value from anyone
+    return "accepted" if accepted else "refused"
+
+
+# -- the ingress block --------------------------------------------------------------------------------------
+
+_rates = st.one_of(st.sampled_from(["150Mbps", "1Gbps", "10Gbps", "20Gbps", "0bps", "150mbps", "5GB/s", "1.5Gbps",
+                                    "9999Tbps", "-1Mbps", "100 Mbps"]), _scalars)
+_plausible_rates = st.sampled_from(["100Mbps", "150Mbps", "1Gbps", "4Gbps", "6Gbps", "9.9Gbps", "10Gbps", "11Gbps",
+                                    "500mbit", "1GB/s", "2GB/s"])
+_plausible = st.fixed_dictionaries({}, optional={"bandwidthGuarantee": _plausible_rates,
+                                                 "bandwidthLimit": _plausible_rates})
+ingress_blocks = st.one_of(
+    st.just(ABSENT), _plausible, _plausible, _plausible,
+    json_values,
+    st.dictionaries(st.sampled_from(["bandwidthGuarantee", "bandwidthLimit", "bandwidthlimit", "limit", "burst"]),
+                    _rates, max_size=3),
+)
+
+
+def _ingress_doc(blocks) -> str:
+    tenants = [{"name": "tenant-a", "bandwidthGuarantee": "4Gbps"},
+               {"name": "tenant-b", "bandwidthGuarantee": "2Gbps", "bandwidthLimit": "8Gbps"}]
+    for t, b in zip(tenants, blocks):
+        if b is not ABSENT:
+            t["ingress"] = b
+    return _yaml_dump({"node": {"capacity": "10Gbps"},
+                       "tenants": tenants + [{"name": "tenant-c", "bandwidthGuarantee": "1Gbps"}]})
+
+
+ingress_texts = st.tuples(ingress_blocks, ingress_blocks).map(_ingress_doc)
+
+
+def check_ingress_text(text: str) -> str:
+    """Accepted (and then every admission rule holds, the tenants without a block are as written) or ConfigError."""
+    try:
+        cfg = _timed(lambda: load_text(text, "fuzz.yaml"), "load_text")
+    except ConfigError as e:
+        assert e.problems and all(str(p) for p in e.problems)
+        return "refused"
+    cap = cfg.node.capacity_bps
+    total = 0
+    for t in cfg.tenants:
+        if t.ingress is None:
+            continue
+        g, l = t.ingress.guarantee_bps, t.ingress.limit_bps
+        assert g is not None or l is not None
+        assert g is None or l is None or g <= l
+        assert l is None or l <= cap
+        total += g or 0
+    assert total == 0 or total + default_reserve_bps(cap) <= cap
+    c = cfg.tenant("tenant-c")
+    assert (c.guarantee_bps, c.limit_bps, c.ingress) == (10**9, None, None)
+    return "accepted"

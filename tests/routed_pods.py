@@ -4,8 +4,12 @@ Owns: a pod's API object and its routed veth (host side ``c<kind><i>`` in the
 node namespace, with /32 and /128 routes, as Calico makes them), and reading
 back what shaperd put on the node through our own pyroute2 socket, decoded
 here and not by shaperd's reader, so a check does not trust what it checks:
-mark programs, u32 filters on the uplink, and a normalised snapshot of every
-qdisc, class and filter that is comparable across a teardown and a fresh apply.
+mark programs, u32 filters on the uplink, the map classifier's entries, and a
+normalised snapshot of every qdisc, class, filter and map entry that is
+comparable across a teardown and a fresh apply. A pod may carry
+``kubernetes.io/egress-bandwidth`` (``egress``): it is then enforced when its
+addresses map to a class of its own with its cap as ceil, under its tenant's
+class; ``leftovers`` names whatever of deleted pods is still on the node.
 
 Must not: assert or time anything (the test asserts, the benchmarks time).
 Namespaces and commands go through ``shaperd_bed.netns``.
@@ -30,6 +34,8 @@ tenants:
   - {name: tenant-b, bandwidthGuarantee: 2Gbps, bandwidthLimit: 4Gbps, priority: 50, match: {namespaces: [team-b]}}
 """
 HTB_ROOT = 0x73680000
+HTB_ROOT_CLASS = HTB_ROOT | 1
+EGRESS_ANNOTATION = "kubernetes.io/egress-bandwidth"
 INGRESS, EGRESS = 0xFFFFFFF2, 0xFFFFFFF3
 PRIO_MARK = 0x7368
 
@@ -44,6 +50,7 @@ class PodSpec:
     uid: str = ""
     ip4: str = ""
     ip6: str = ""
+    egress: str | None = None  # kubernetes.io/egress-bandwidth, or not annotated
 
     def __post_init__(self):
         self.uid = self.uid or f"{self.kind}{self.idx:06d}-0000-4000-8000-{os.getpid():012d}"
@@ -81,13 +88,41 @@ class PodSpec:
     def api_object(self) -> dict:
         from tests.k8s_fake import make_pod
 
-        return make_pod(self.name, NODE_NAME, namespace=self.namespace, ips=self.ips, labels=self.labels,
-                        uid=self.uid)
+        obj = make_pod(self.name, NODE_NAME, namespace=self.namespace, ips=self.ips, labels=self.labels,
+                       uid=self.uid)
+        if self.egress is not None:
+            obj["metadata"]["annotations"] = {EGRESS_ANNOTATION: self.egress}
+        return obj
+
+    @property
+    def cap_bps(self) -> int | None:
+        from shaperd.core.podcaps import parse_bandwidth
+
+        return parse_bandwidth(self.egress) if self.egress is not None else None
 
     def info(self):
         from shaperd.discovery.kubernetes import PodInfo
 
         return PodInfo.from_dict(self.api_object())
+
+
+def annotation_plan(c: int) -> tuple[str | None, str | None]:
+    """Churn pod ``c``'s kubernetes.io/egress-bandwidth when it is created and after it changes while it lives:
+    a third are created capped (every sixth of them changes value, the others lose the cap), and every fourth
+    of the rest gains one."""
+    if c % 3 == 0:
+        return "50M", ("80M" if c % 6 == 0 else None)
+    if c % 4 == 1:
+        return None, "120M"
+    return None, None
+
+
+def steady_annotation(i: int, before_half: bool) -> str | None:
+    """Steady pod ``i``'s annotation in the first and the second half of a churn: every third capped at
+    first; at half-time the first of those changes value, the second loses it, and pod 1 gains one."""
+    if before_half:
+        return "200M" if i % 3 == 0 else None
+    return {0: "300M", 1: "150M", 3: None}.get(i, "200M" if i % 3 == 0 else None)
 
 
 def tenant_for(i: int) -> str | None:
@@ -198,13 +233,11 @@ class Kernel:
             return set()
         return {(d["keys"], d["classid"]) for d in map(decode_filter, filters) if "keys" in d}
 
-    def src_in_classifier(self) -> set[tuple]:
-        """(keys, classid) for every source prefix in the eBPF map classifier on up0 (empty on the u32 path).
-
-        The program id comes from tc's own JSON dump, the entries from the maps by id."""
+    def classifier_entries(self) -> dict[str, dict[bytes, bytes]]:
+        """Every map of the eBPF map classifier on up0 by role ({} on the u32 path). The program id comes
+        from tc's own JSON dump, the entries from the maps by id."""
         import json as _json
 
-        from shaperd.backends.common.objects import src_prefix_keys
         from shaperd.backends.common import kernel_classifier as bpf_classify
         from shaperd_bed import netns as bed_netns
 
@@ -212,9 +245,16 @@ class Kernel:
         ids = [f["options"]["prog"]["id"] for f in _json.loads(out or "[]")
                if f.get("options", {}).get("bpf_name", "").startswith("shpd_c") and "prog" in f["options"]]
         if not ids:
-            return set()
+            return {}
         with bpf_classify.ClassifierMaps.adopt(ids[0]) as maps:
-            entries = {**maps.maps["src4"].items(), **maps.maps["src6"].items()}
+            return {role: m.items() for role, m in maps.maps.items()}
+
+    def src_in_classifier(self) -> set[tuple]:
+        """(keys, classid) for every source prefix in the eBPF map classifier on up0 (empty on the u32 path)."""
+        from shaperd.backends.common.objects import src_prefix_keys
+
+        maps = self.classifier_entries()
+        entries = {**maps.get("src4", {}), **maps.get("src6", {})}
         got = set()
         for key, val in entries.items():
             plen = int.from_bytes(key[:4], "little")
@@ -278,8 +318,19 @@ class Kernel:
                         filters.append(base + (f"{d['handle']:x}",))
                     else:  # the bare chain (tcf_proto) or a u32 hash table: kept, so a leftover empty one shows
                         filters.append(base + (d["node"], d.get("divisor")))
+        entries = [(role, k.hex(), v.hex()) for role, m in self.classifier_entries().items() for k, v in m.items()]
         return {"qdiscs": sorted(qdiscs, key=repr), "classes": sorted(classes, key=repr),
-                "filters": sorted(filters, key=repr)}
+                "filters": sorted(filters, key=repr), "maps": sorted(entries)}
+
+    def htb_classes(self) -> dict[int, tuple[int, int]]:
+        """classid -> (parent, ceil in bytes/s) of every HTB class on up0."""
+        out = {}
+        for c in self.ipr.get_classes(index=self.ifindex("up0")):
+            opts = c.get_attr("TCA_OPTIONS")
+            parms = opts.get_attr("TCA_HTB_PARMS") if opts is not None else None
+            if c.get_attr("TCA_KIND") == "htb" and parms is not None:
+                out[c["handle"]] = (c["parent"], opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"])
+        return out
 
 
 def decode_filter(f) -> dict:
@@ -335,22 +386,84 @@ def state_counts(s: dict) -> dict:
     return {k: len(v) for k, v in s.items()}
 
 
-def expected_u32(pod: PodSpec) -> set[tuple]:
-    from shaperd.backends.common.objects import ROOT_HANDLE, src_prefix_keys
+def _keys(ip: str) -> tuple:
+    from shaperd.backends.common.objects import src_prefix_keys
+
+    return tuple(sorted(((k.value, k.mask, k.offset) for k in src_prefix_keys(ipaddress.ip_network(ip))),
+                        key=lambda k: k[2]))
+
+
+def tenant_classid(tenant: str) -> int:
     from shaperd.core.ids import assign_minors
 
-    minors = assign_minors(["tenant-a", "tenant-b"])
-    cid = ROOT_HANDLE | minors[pod.tenant]
-    return {(tuple(sorted(((k.value, k.mask, k.offset) for k in src_prefix_keys(ipaddress.ip_network(ip))),
-                          key=lambda k: k[2])), cid) for ip in pod.ips}
+    return HTB_ROOT | assign_minors(["tenant-a", "tenant-b"])[tenant]
+
+
+def expected_u32(pod: PodSpec) -> set[tuple]:
+    """(keys, classid) of an uncapped tenant pod's addresses: its tenant's class."""
+    cid = tenant_classid(pod.tenant)
+    return {(_keys(ip), cid) for ip in pod.ips}
+
+
+def classids_of(k: Kernel, pod: PodSpec, entries: set[tuple] | None = None) -> dict[str, set[int]]:
+    """ip -> the classes its source entries (u32 on up0's root, the map classifier) send it to."""
+    entries = entries if entries is not None else (k.u32_on_uplink() | k.src_in_classifier())
+    return {ip: {cid for keys, cid in entries if keys == _keys(ip)} for ip in pod.ips}
+
+
+def own_class(k: Kernel, pod: PodSpec) -> int | None:
+    """The class of its own a capped pod's addresses all map to (its cap as ceil, under its tenant's class,
+    or beside the default class without a tenant); None while it has none."""
+    got = classids_of(k, pod)
+    cids = set().union(*got.values())
+    if len(cids) != 1 or not all(got.values()):
+        return None
+    (cid,) = cids
+    cls = k.htb_classes().get(cid)
+    parent = tenant_classid(pod.tenant) if pod.tenant else HTB_ROOT_CLASS
+    if cls is None or cls != (parent, pod.cap_bps // 8) or (pod.tenant and cid == parent):
+        return None
+    return cid
 
 
 def enforced(k: Kernel, pod: PodSpec) -> bool:
-    return k.mark_name(k.ifindex(pod.host_if)) is not None and expected_u32(pod) <= (k.u32_on_uplink()
-                                                                                     | k.src_in_classifier())
+    if k.mark_name(k.ifindex(pod.host_if)) is None:
+        return False
+    if pod.egress is not None:
+        return own_class(k, pod) is not None
+    return expected_u32(pod) <= (k.u32_on_uplink() | k.src_in_classifier())
 
 
 def gone(k: Kernel, pod: PodSpec, veth_present: bool) -> bool:
     if veth_present and k.mark_name(k.ifindex(pod.host_if)) is not None:
         return False
-    return not (expected_u32(pod) & (k.u32_on_uplink() | k.src_in_classifier()))
+    return not any(classids_of(k, pod).values())
+
+
+def leftovers(k: Kernel, deleted: dict[int, str], deleted_pods: list[PodSpec], live_classes: set[int]) -> list[str]:
+    """What of deleted pods is still on the node: an HTB class (``deleted``: classid -> pod name, the classes
+    capped pods had), a u32 filter or map entry pointing at one, a source entry for one of their addresses,
+    a mark program on a host interface of theirs still there. ``live_classes``: classes live pods hold (a
+    deleted pod's id may be taken by a later pod). Empty when nothing is left."""
+    out = []
+    stale = {cid: name for cid, name in deleted.items() if cid not in live_classes}
+    classes = k.htb_classes()
+    out += [f"class {cid >> 16:x}:{cid & 0xFFFF:x} of deleted pod {name}" for cid, name in sorted(stale.items())
+            if cid in classes]
+    u32 = k.u32_on_uplink()
+    out += [f"u32 filter on up0 -> {cid >> 16:x}:{cid & 0xFFFF:x} (deleted pod {stale[cid]})"
+            for _keys_, cid in sorted(u32) if cid in stale]
+    for role, entries in sorted(k.classifier_entries().items()):
+        for key, val in sorted(entries.items()):
+            cid = int.from_bytes(val, "little")
+            if role != "cglevels" and cid in stale:
+                out.append(f"map {role} entry {key.hex()} -> {cid >> 16:x}:{cid & 0xFFFF:x} (deleted pod {stale[cid]})")
+    src = u32 | k.src_in_classifier()
+    for pod in deleted_pods:
+        for ip, cids in classids_of(k, pod, src).items():
+            if cids:
+                out.append(f"source entry {ip} of deleted pod {pod.name} -> {sorted(cids)}")
+        idx = k.ifindex(pod.host_if)
+        if idx is not None and k.mark_name(idx) is not None:
+            out.append(f"mark program on {pod.host_if} of deleted pod {pod.name}")
+    return out

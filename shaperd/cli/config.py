@@ -1,8 +1,10 @@
 """``shaperd check-config FILE``: validate a tenants file and print the tenants as shaperd normalised them.
 
-Text: the tenants table (guarantee, limit, priority, the HTB prio it gets,
-what it matches), destination scopes, ignored documents and the node
-settings; ``-o json|yaml``: the same as one object (rates in bit/s).
+Text: the tenants table (guarantee, limit, the ingress guarantee and limit,
+priority, the HTB prio it gets, what it matches), destination scopes,
+ignored documents and the node settings; ``-o json|yaml``: the same as one
+object (rates in bit/s; ``ingress`` null for a tenant whose inbound traffic
+is not shaped).
 Exit 0 valid, 2 not (the problems named by field).
 
 Must not: touch the node (no kernel, no sysfs): it checks the file alone.
@@ -30,7 +32,7 @@ def cmd_check_config(args) -> int:
         output.emit(check_config_result(args.file, cfg), args)
         return EXIT_OK
     prios = htb_prios(cfg.tenants)
-    rows = [("TENANT", "GUARANTEE", "LIMIT", "PRIORITY", "HTB PRIO", "MATCH")]
+    rows = [("TENANT", "GUARANTEE", "LIMIT", "INGRESS GUARANTEE", "INGRESS LIMIT", "PRIORITY", "HTB PRIO", "MATCH")]
     for t in cfg.tenants:
         match = []
         if t.match.cidrs:
@@ -43,7 +45,7 @@ def cmd_check_config(args) -> int:
         if t.match.cgroups:
             match.append("cgroups=" + ",".join(t.match.cgroups))
         rows.append((t.name, format_rate(t.guarantee_bps),
-                     format_rate(t.limit_bps) if t.limit_bps else "capacity",
+                     format_rate(t.limit_bps) if t.limit_bps else "capacity", *_ingress_cells(t),
                      str(t.priority), str(prios[t.name]), " ".join(match)))
     _table(rows)
     scopes = [(t.name, format_rate(d.limit_bps), ",".join(map(str, d.cidrs)), d.origin)
@@ -65,10 +67,21 @@ def cmd_check_config(args) -> int:
     return EXIT_OK
 
 
+def _ingress_cells(t) -> tuple[str, str]:
+    """The tenants table's ingress columns: "-" where inbound traffic is not shaped (no ingress block),
+    "none" for no inbound guarantee, "capacity" for no inbound limit."""
+    if t.ingress is None:
+        return "-", "-"
+    g, l = t.ingress.guarantee_bps, t.ingress.limit_bps
+    return (format_rate(g) if g else "none"), (format_rate(l) if l else "capacity")
+
+
 def check_config_result(path: str, cfg: Config) -> dict:
     """check-config's -o json|yaml object: the normalised tenants and node settings (rates in bit/s)."""
     prios = htb_prios(cfg.tenants)
     tenants = [{"name": t.name, "guarantee_bps": t.guarantee_bps, "limit_bps": t.limit_bps or None,
+                "ingress": ({"guarantee_bps": t.ingress.guarantee_bps, "limit_bps": t.ingress.limit_bps}
+                            if t.ingress is not None else None),
                 "priority": t.priority, "htb_prio": prios[t.name],
                 "match": {"cidrs": [str(c) for c in t.match.cidrs], "interfaces": list(t.match.interfaces),
                           "pod_labels": dict(t.effective_pod_labels()), "namespaces": list(t.match.namespaces),

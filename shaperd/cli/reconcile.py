@@ -52,10 +52,16 @@ def register(sub) -> None:
     p.set_defaults(fn=cmd_teardown)
 
 
+def plan_warnings(plan) -> list[str]:
+    """The plan's warnings and, after them, every refused pod annotation value (these commands run once:
+    each is printed; the daemon logs each once, engine/annotations.py)."""
+    return list(plan.warnings) + [a.warning() for a in plan.tenancy.invalid_annotations]
+
+
 def _print_plan_notes(plan, caps) -> None:
     for note in caps.notes:
         print(f"# note: {note}")
-    for w in plan.warnings:
+    for w in plan_warnings(plan):
         print(f"# warning: {w}")
 
 
@@ -72,7 +78,7 @@ def cmd_plan(args) -> int:
     rec = _reconciler(args, read_only=True)  # probed as diff and apply probe (when root), writing nothing
     p = rec.plan(cfg)
     if output.machine(args):
-        output.emit({"notes": list(rec.capabilities.notes), "warnings": list(p.warnings),
+        output.emit({"notes": list(rec.capabilities.notes), "warnings": plan_warnings(p),
                      "problems": [str(pr) for pr in p.problems], "desired": p.desired}, args)
         return EXIT_BAD_INPUT if p.problems else EXIT_OK
     _print_plan_notes(p, rec.capabilities)
@@ -118,7 +124,7 @@ def outcomes_result(rep, planned: bool) -> dict:
     """diff's and teardown's -o json|yaml object: per target what would change (``planned``) or what did."""
     head = {"in_sync": rep.changes == 0 and rep.ok} if planned else {}
     return {**head, "ok": rep.ok, "changes": rep.changes, "duration_s": round(rep.duration_s, 6),
-            "warnings": list(rep.plan.warnings), "problems": [str(p) for p in rep.plan.problems],
+            "warnings": plan_warnings(rep.plan), "problems": [str(p) for p in rep.plan.problems],
             "targets": [{"backend": d.backend, "device": d.device, "ops": [op.describe() for op in d.ops],
                          "failed": [str(e) for _, e in d.failed], "blocked": d.blocked, "error": d.error}
                         for d in rep.devices]}
@@ -139,7 +145,7 @@ def _exit(rep) -> int:
 
 
 def _print_outcomes(rep, planned: bool) -> None:
-    for w in rep.plan.warnings:
+    for w in plan_warnings(rep.plan):
         print(f"warning: {w}")
     for d in rep.devices:
         if d.error:

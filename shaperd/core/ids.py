@@ -1,4 +1,4 @@
-"""Stable ids derived from identity: HTB class minors, skb->mark values, BPF program names.
+"""Stable ids derived from identity: HTB class minors, skb->mark values, BPF program names, IFB device names.
 
 Derived from tenant names (and program content), never from "what is free
 right now", so a restarted agent finds and adopts its own objects. Shared by
@@ -69,3 +69,24 @@ def bpf_program_name(mapping: tuple[tuple[int, ...], ...], kind: str = "") -> st
     """Stable BPF object name (<= 15 chars) identifying a generated program's content."""
     digest = hashlib.sha256((kind + repr(sorted(mapping))).encode()).hexdigest()[:10]
     return f"shpd{kind[:1]}_{digest}"[:15]
+
+
+# The tenant-ingress IFB of an uplink (backends/ingress/): "shpi-" (shaperd ingress) and the uplink's name, or,
+# where that would pass the kernel's 15 characters, its first 4 characters and 6 hex of a hash of the whole name.
+IFB_PREFIX = "shpi-"
+IFNAME_MAX = 15
+
+
+def ifb_name(uplink: str) -> str:
+    """The IFB device fed from ``uplink``'s ingress: 'shpi-eth0'; 'shpi-enp1' + 6 hex for a long name.
+
+    Derived from the uplink's name alone, so a restarted agent finds its IFB again without saved state."""
+    if len(IFB_PREFIX) + len(uplink) <= IFNAME_MAX:
+        return IFB_PREFIX + uplink
+    digest = hashlib.sha256(uplink.encode()).hexdigest()
+    return (IFB_PREFIX + uplink[:IFNAME_MAX - len(IFB_PREFIX) - 6] + digest[:6])[:IFNAME_MAX]
+
+
+def is_ifb_name(name: str) -> bool:
+    """A name shaperd gives its tenant-ingress IFBs (``ifb_name``)."""
+    return name.startswith(IFB_PREFIX) and len(name) > len(IFB_PREFIX)

@@ -140,6 +140,8 @@ class ClassTarget:
     classid: int
     guarantee_bps: int | None = None
     limit_bps: int | None = None
+    # A capped pod's own class: its "namespace/name" (tenant "" for a pod of no tenant); "" for a tenant's.
+    pod: str = ""
 
 
 @dataclass

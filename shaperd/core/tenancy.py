@@ -13,7 +13,7 @@ import fnmatch
 from dataclasses import dataclass, field
 
 from shaperd.core.dataplane import select as select_dataplanes
-from shaperd.core.ids import assign_marks
+from shaperd.core.ids import assign_marks, is_ifb_name
 from shaperd.core.config import Config
 from shaperd.core.inventory import Inventory, Link, Pod
 from shaperd.core.podcaps import InvalidAnnotation, PodCap, pod_caps
@@ -108,12 +108,16 @@ def pod_tenants(cfg: Config, pods: tuple[Pod, ...]) -> tuple[dict[str, str], lis
 
 
 def select_devices(cfg: Config, inv: Inventory) -> tuple[list[Link], list[str]]:
-    """Devices to shape: node.interfaces (names or globs), else the default-route devices."""
+    """Devices to shape: node.interfaces (names or globs), else the default-route devices.
+
+    Never shaperd's own tenant-ingress IFBs (a glob such as '*' would match them): they are fed from an uplink
+    and shaped by the ingress backend, not uplinks themselves."""
     warnings: list[str] = []
     if cfg.node.interfaces:
         chosen: list[Link] = []
         for pattern in cfg.node.interfaces:
-            hits = [l for l in inv.links if fnmatch.fnmatchcase(l.name, pattern) and l.name != "lo"]
+            hits = [l for l in inv.links if fnmatch.fnmatchcase(l.name, pattern) and l.name != "lo"
+                    and not (l.kind == "ifb" and is_ifb_name(l.name))]
             if not hits:
                 warnings.append(f"node.interfaces: no device matches {pattern!r} yet; it will be shaped when it appears")
             chosen.extend(h for h in hits if h not in chosen)

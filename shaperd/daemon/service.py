@@ -501,6 +501,7 @@ class Daemon:
         self.sm_checker = SmChecker(kernel_reader(settings), settings)
         rdma_metrics.install(self.metrics, self.rdma_sampler, self.sm_checker)
         install_backend_metrics(self.metrics, rec.enabled, self.jobs)
+        install_annotation_metrics(self.metrics, rec)
         try:
             server = MetricsServer(self.metrics_address, self.metrics, self.web_config_file)
         except (OSError, ValueError) as e:
@@ -572,6 +573,13 @@ def install_backend_metrics(metrics, running, jobs: dict) -> None:
     for spec in REGISTRY.specs:
         if spec.metrics is not None and spec.name in by_name:
             spec.metrics(metrics, by_name[spec.name], lambda name=spec.name: jobs.get(name))
+
+
+def install_annotation_metrics(metrics, rec) -> None:
+    """The reconciler's ledger of refused pod annotations (engine/annotations.py) as its own collector."""
+    ledger = getattr(rec, "annotations", None)
+    if ledger is not None:
+        metrics.collectors.collectors["annotations"] = ledger.collector()
 
 
 def _rdma_reader(roots):

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 
 from shaperd.core.errors import KernelError
-from shaperd.core.podcaps import EGRESS_ANNOTATION, INGRESS_ANNOTATION
+from shaperd.core.podcaps import EGRESS_ANNOTATION, INGRESS_ANNOTATION, NotAString
 from shaperd.core.inventory import Link, Pod
 from shaperd.discovery import cgroups
 
@@ -93,7 +93,10 @@ def resolve(reader, pod_infos, links: tuple[Link, ...], cgroup_root: Path | None
 
 
 def _annotation(info, key: str) -> str | None:
-    """A kept annotation's raw value (core/podcaps.py parses it); None where the pod has none."""
+    """A kept annotation's raw value (core/podcaps.py parses it); None where the pod has none. A value that
+    is not a string stays, as NotAString, so it is refused and reported rather than dropped."""
     ann = getattr(info, "annotations", None) or {}
     v = ann.get(key)
-    return v if isinstance(v, str) else None
+    if v is None or isinstance(v, str):
+        return v
+    return NotAString(f"<{type(v).__name__}>")

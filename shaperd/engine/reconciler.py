@@ -28,8 +28,10 @@ from shaperd.core.inventory import Capabilities, Inventory
 from shaperd.kernel.rtnl import CachedReads
 from shaperd.core.roots import DEFAULT, Roots
 from shaperd.core.tenancy import Tenancy, select_devices, tenancy
+from shaperd.core.podcaps import shown
 from shaperd.engine import fallback
 from shaperd.engine import teardown as teardown_mod
+from shaperd.engine.annotations import AnnotationLedger
 
 
 @dataclass
@@ -146,6 +148,8 @@ class Reconciler:
         # <run>/shaperd/refused-<scope>.json, set by open_node: what applies found the kernel refuses, for status.
         self.refused_file = None
         self._refusals_recorded: dict | None = None
+        # Refused pod bandwidth annotations: each logged once (not every resync) and counted (engine/annotations.py).
+        self.annotations = AnnotationLedger()
         # Probed once: a backend this kernel cannot run is left out. Its reason becomes a plan warning
         # where the tenants file needs it (unmet): a backend nothing asks for is silent.
         self.support: dict[str, Support] = {b.name: b.probe(capabilities) for b in self.backends}
@@ -224,6 +228,9 @@ class Reconciler:
             self.log.error("device not shaped", problem=str(pr))
         for w in rep.plan.warnings:
             self.log.warning("plan warning", warning=w)
+        for a in self.annotations.observe(rep.plan.tenancy.invalid_annotations):
+            self.log.warning("pod annotation refused", pod=a.ref, uid=a.uid, annotation=a.key, value=shown(a.value),
+                             reason=a.reason, warning=a.warning())
         for t in rep.devices:
             if t.blocked:
                 self.log.warning("device left alone", backend=t.backend, device=t.device, reason=t.blocked)
@@ -258,6 +265,10 @@ class Reconciler:
                 bo.stats = b.stats(bo.desired)
                 for td in b.diff(bo.desired, b.observe(reads, inv)):
                     bo.targets.append(self._settle(b, bo.desired, td, inv, write))
+                if write and any(t.ops for t in bo.targets):
+                    # This backend wrote (a clsact qdisc, a root): the backends after it read the node afresh,
+                    # not the dump taken before. An in-sync reconcile still reads it once.
+                    reads = CachedReads(self.reader)
             except Exception as e:  # noqa: BLE001 - one backend never stops the others
                 bo.error = self._backend_failed(b, e)
         return Report(PlanResult(ctx.tenancy, desired, self.unmet(ctx)), outcomes, time.perf_counter() - start,

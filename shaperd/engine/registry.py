@@ -17,14 +17,16 @@ from shaperd.backends.dcb.spec import SPEC as DCB
 from shaperd.backends.devlink.spec import SPEC as DEVLINK
 from shaperd.backends.edt.spec import SPEC as EDT
 from shaperd.backends.htb.spec import SPEC as HTB
+from shaperd.backends.ingress.spec import SPEC as INGRESS
 from shaperd.backends.marks.spec import SPEC as MARKS
 from shaperd.backends.nccl.spec import SPEC as NCCL
+from shaperd.backends.podingress.spec import SPEC as PODINGRESS
 from shaperd.backends.vfrate.spec import SPEC as VFRATE
 from shaperd.core.protocol import BackendSpec, NodeContext
 from shaperd.kernel import probe as kernel_probe
 from shaperd.kernel.tc import NO_CODEC, Codec
 
-BUILTIN: tuple[BackendSpec, ...] = (HTB, EDT, MARKS, DEVLINK, DCB, NCCL, VFRATE)
+BUILTIN: tuple[BackendSpec, ...] = (HTB, EDT, INGRESS, MARKS, PODINGRESS, DEVLINK, DCB, NCCL, VFRATE)
 
 
 class Registry:

@@ -14,7 +14,7 @@ import socket
 import struct
 from typing import NamedTuple
 
-from shaperd.kernel.nlmsg import Message, U32, attrs, fast_new, string, u32, u64
+from shaperd.kernel.nlmsg import Message, U32, attr_list, attrs, fast_new, string, u32, u64
 
 IFINFOMSG = struct.Struct("=BBHiII")  # family, pad, type, index, flags, change
 TCMSG = struct.Struct("=BBHiIII")  # family, pad1, pad2, ifindex, handle, parent, info
@@ -31,6 +31,9 @@ TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
 TCA_HTB_OFFLOAD = 9  # NLA_FLAG: htb_dump puts it on an offloaded root (sch_htb.c, kernel 5.12+)
 TCA_FQ_CODEL_LIMIT = 2
 TCA_U32_CLASSID, TCA_U32_DIVISOR, TCA_U32_SEL, TCA_U32_MARK = 1, 4, 5, 10
+TCA_U32_ACT = 7
+TCA_ACT_KIND, TCA_ACT_OPTIONS = 1, 2
+TCA_MIRRED_PARMS = 2
 TCA_BPF_CLASSID, TCA_BPF_NAME, TCA_BPF_ID = 3, 7, 11
 TC_H_ROOT = 0xFFFFFFFF
 
@@ -39,6 +42,7 @@ _QUEUE = struct.Struct("=IIIII")  # qlen, backlog, drops, requeues, overlimits
 _HTB_XSTATS = struct.Struct("=IIIii")  # lends, borrows, giants, tokens, ctokens
 _U32_SEL_HEAD = 16  # struct tc_u32_sel before its keys
 _U32_KEY = struct.Struct("!II")  # mask, val in network order; then off, offmask in host order
+_TC_MIRRED = struct.Struct("=IIiiiiI")  # struct tc_mirred: index, capab, action, refcnt, bindcnt, eaction, ifindex
 _I32 = struct.Struct("=i")
 _RTNEXTHOP = struct.Struct("=HBBi")
 
@@ -71,6 +75,36 @@ class NeighRow(NamedTuple):
     master: int | None
 
 
+# tbf (uapi pkt_sched.h): struct tc_tbf_qopt in PARMS; rates at or above 2^32 bytes/s in RATE64/PRATE64.
+TCA_TBF_PARMS, TCA_TBF_RATE64, TCA_TBF_PRATE64 = 1, 4, 5
+# struct tc_tbf_qopt: rate (tc_ratespec: cell_log, linklayer, overhead, cell_align, mpu, rate), peakrate, limit,
+# buffer, mtu.
+_TBF_QOPT = struct.Struct("=BBHhHI BBHhHI III")
+
+
+class TbfParams(NamedTuple):
+    """A tbf qdisc's parameters as the kernel dumps them (tbf_dump): rates in bytes/s, times in ticks (64 ns)."""
+
+    rate_Bps: int
+    peakrate_Bps: int
+    limit_bytes: int
+    buffer_ticks: int  # the bucket, as time at rate (the kernel derives it from TCA_TBF_BURST)
+    mtu_ticks: int  # the peak bucket (0 without a peak rate)
+    linklayer: int  # tc_ratespec's linklayer (1: ethernet)
+
+
+class QdiscCounters(NamedTuple):
+    """A qdisc's counters (TCA_STATS2): what it sent, dropped and holds."""
+
+    bytes: int = 0
+    packets: int = 0
+    drops: int = 0
+    overlimits: int = 0
+    requeues: int = 0
+    backlog_bytes: int = 0
+    qlen: int = 0
+
+
 class QdiscRow(NamedTuple):
     ifindex: int
     handle: int
@@ -81,6 +115,8 @@ class QdiscRow(NamedTuple):
     # sch_fq: (limit, flow_limit, horizon_us, horizon_drop), the edt backend's sizing; None for other kinds.
     fq: tuple[int, int, int, int] | None = None
     offload: bool = False  # htb: the root is offloaded to the NIC (TCA_HTB_OFFLOAD in the dump)
+    tbf: TbfParams | None = None  # tbf: its parameters; None for other kinds
+    counters: QdiscCounters | None = None  # None where the dump carries no TCA_STATS2
 
 
 class HtbClassRow(NamedTuple):
@@ -126,6 +162,9 @@ class FilterRow(NamedTuple):
     name: str = ""  # bpf program name
     mark: tuple[int, int] | None = None  # u32 mark match (value, mask)
     prog_id: int = 0  # bpf: TCA_BPF_ID, the attached program's id (adoption of its maps)
+    # u32: its first mirred action as (eaction, target ifindex): TCA_EGRESS_REDIR 1, TCA_EGRESS_MIRROR 2,
+    # TCA_INGRESS_REDIR 3, TCA_INGRESS_MIRROR 4 (uapi tc_act/tc_mirred.h); None without one.
+    mirred: tuple[int, int] | None = None
 
 
 def link(buf: bytes, m: Message) -> LinkRow:
@@ -182,7 +221,7 @@ def qdisc(buf: bytes, m: Message) -> QdiscRow:
     a = attrs(buf, m.start + TCMSG.size, m.end)
     kind = string(buf, a.get(TCA_KIND))
     limit = default_minor = 0
-    fq = None
+    fq = tbf = None
     offload = False
     if TCA_OPTIONS in a:
         s, e = a[TCA_OPTIONS]
@@ -200,8 +239,35 @@ def qdisc(buf: bytes, m: Message) -> QdiscRow:
             drop = buf[o[TCA_FQ_HORIZON_DROP][0]] if TCA_FQ_HORIZON_DROP in o else 0  # a u8
             fq = (u32(buf, o.get(TCA_FQ_PLIMIT)), u32(buf, o.get(TCA_FQ_FLOW_PLIMIT)), u32(buf, o.get(TCA_FQ_HORIZON)),
                   drop)
+        elif kind == "tbf":
+            tbf = _tbf(buf, attrs(buf, s, e))
     return QdiscRow(ifindex=index, handle=handle, parent=parent, kind=kind, limit=limit, default_minor=default_minor,
-                    fq=fq, offload=offload)
+                    fq=fq, offload=offload, tbf=tbf, counters=_counters(buf, a))
+
+
+def _tbf(buf: bytes, o: dict[int, tuple[int, int]]) -> TbfParams | None:
+    """tbf's TCA_OPTIONS: tc_tbf_qopt, with the 64-bit rates where the kernel put them (>= 2^32 bytes/s)."""
+    if TCA_TBF_PARMS not in o or o[TCA_TBF_PARMS][1] - o[TCA_TBF_PARMS][0] < _TBF_QOPT.size:
+        return None
+    (_cl, linklayer, _ov, _ca, _mpu, rate, _pcl, _pll, _pov, _pca, _pmpu, peak, limit, buffer,
+     mtu) = _TBF_QOPT.unpack_from(buf, o[TCA_TBF_PARMS][0])
+    if TCA_TBF_RATE64 in o:
+        rate = u64(buf, o[TCA_TBF_RATE64])
+    if TCA_TBF_PRATE64 in o:
+        peak = u64(buf, o[TCA_TBF_PRATE64])
+    return TbfParams(rate, peak, limit, buffer, mtu, linklayer & 0x0F)  # TC_LINKLAYER_MASK
+
+
+def _counters(buf: bytes, a: dict[int, tuple[int, int]]) -> QdiscCounters | None:
+    if TCA_STATS2 not in a:
+        return None
+    st = attrs(buf, *a[TCA_STATS2])
+    nbytes = packets = qlen = backlog = drops = requeues = overlimits = 0
+    if TCA_STATS_BASIC in st:
+        nbytes, packets = _BASIC.unpack_from(buf, st[TCA_STATS_BASIC][0])
+    if TCA_STATS_QUEUE in st:
+        qlen, backlog, drops, requeues, overlimits = _QUEUE.unpack_from(buf, st[TCA_STATS_QUEUE][0])
+    return QdiscCounters(nbytes, packets, drops, overlimits, requeues, backlog, qlen)
 
 
 def htb_class(buf: bytes, m: Message) -> HtbClassRow | None:
@@ -233,6 +299,19 @@ def htb_class(buf: bytes, m: Message) -> HtbClassRow | None:
                                   packets, drops, overlimits, backlog, qlen, borrows, lends, tokens, ctokens))
 
 
+def _mirred(buf: bytes, span: tuple[int, int]) -> tuple[int, int] | None:
+    """(eaction, ifindex) of the first mirred action in a filter's action list (TCA_ACT_PRIO_n nests)."""
+    for _prio, (s, e) in attr_list(buf, *span):
+        act = attrs(buf, s, e)
+        if string(buf, act.get(TCA_ACT_KIND)) != "mirred" or TCA_ACT_OPTIONS not in act:
+            continue
+        parms = attrs(buf, *act[TCA_ACT_OPTIONS]).get(TCA_MIRRED_PARMS)
+        if parms is not None and parms[1] - parms[0] >= _TC_MIRRED.size:
+            fields = _TC_MIRRED.unpack_from(buf, parms[0])
+            return (fields[5], fields[6])
+    return None
+
+
 def tc_filter(buf: bytes, m: Message) -> FilterRow | None:
     """A filter, or None for structure (u32 hash tables and divisors, chain heads without a handle)."""
     _f, _p1, _p2, index, handle, parent, info = TCMSG.unpack_from(buf, m.start)
@@ -261,7 +340,8 @@ def tc_filter(buf: bytes, m: Message) -> FilterRow | None:
             mv, mm = struct.unpack_from("=II", buf, o[TCA_U32_MARK][0])
             mark = (mv, mm) if (mv or mm) else None
         return FilterRow(**base, classid=u32(buf, o.get(TCA_U32_CLASSID)),
-                         keys=tuple(sorted(keys, key=lambda k: k.offset)), mark=mark)
+                         keys=tuple(sorted(keys, key=lambda k: k.offset)), mark=mark,
+                         mirred=_mirred(buf, o[TCA_U32_ACT]) if TCA_U32_ACT in o else None)
     if kind == "bpf":
         return FilterRow(**base, classid=u32(buf, o.get(TCA_BPF_CLASSID)), name=string(buf, o.get(TCA_BPF_NAME)),
                          prog_id=u32(buf, o.get(TCA_BPF_ID)))

@@ -1,6 +1,8 @@
 """The two metric collectors, one per concern (node_exporter style), and the wrapper that times them.
 
-``TenantCollector`` turns the sampler's Snapshot into tenant series;
+``TenantCollector`` turns the sampler's Snapshot into tenant series, and the series of capped pods'
+own classes into ``shaperd_pod_transmit_*`` (only pods with an egress cap have one: the cardinality is
+two series per capped pod and shaped uplink);
 ``AgentCollector`` turns health.AgentState into the agent's own series.
 Each reads a snapshot at scrape time and never the kernel. A value that is
 not known is a missing series, never a zero: no tenant series before the
@@ -53,6 +55,12 @@ TENANT_FAMILIES = (
     ("counter", "shaperd_tenant_borrowed_bytes", "Bytes sent above the guarantee, summed per sample interval: max(0, sent - guarantee*dt)", "borrowed_bytes"),
     ("counter", "shaperd_tenant_below_guarantee_seconds", "Seconds the class had demand (queue non-empty at both ends of a 0.5 s sample interval) yet sent less than 98% of its guarantee in it", "below_guarantee_s"),
 )
+# The capped pods' own classes (htb; kubernetes.io/egress-bandwidth), from the same snapshot.
+POD_LABELS = ("namespace", "pod", "tenant", "device")
+POD_FAMILIES = (
+    ("counter", "shaperd_pod_transmit_bytes", "Bytes the capped pod's own HTB class sent (L2 frame length, as HTB counts); only pods with kubernetes.io/egress-bandwidth have one", "bytes"),
+    ("gauge", "shaperd_pod_transmit_limit_bytes_per_second", "The capped pod's enforced egress cap on this device (its class's HTB ceil: the annotation, at most its tenant's limit), bytes per second", "limit_Bps"),
+)
 _SAMPLES_HELP = "Class-stats samples taken"
 _LAST_SUCCESS_HELP = "When class stats were last read successfully"
 _DURATION_HELP = "Time the last sample took (all devices)"
@@ -92,12 +100,20 @@ class TenantCollector(Collector):
         return self.collect_from(self._snapshot())
 
     def collect_from(self, snap: Snapshot):
+        tenants = [s for s in snap.series if not s.target.pod]
         for mtype, name, doc, attr in TENANT_FAMILIES:
             fam = (CounterMetricFamily if mtype == "counter" else GaugeMetricFamily)(name, doc, labels=list(TENANT_LABELS))
-            for s in snap.series:
+            for s in tenants:
                 v = getattr(s, attr)
                 if v is not None:  # rate: unknown until two samples span some time
                     fam.add_metric([s.target.tenant, s.target.device, "tc"], v)
+            yield fam
+        pods = [s for s in snap.series if s.target.pod]
+        for mtype, name, doc, attr in POD_FAMILIES:
+            fam = (CounterMetricFamily if mtype == "counter" else GaugeMetricFamily)(name, doc, labels=list(POD_LABELS))
+            for s in pods:
+                ns, _, pod = s.target.pod.partition("/")
+                fam.add_metric([ns, pod, s.target.tenant, s.target.device], getattr(s, attr))
             yield fam
         sm = CounterMetricFamily("shaperd_sampler_samples", _SAMPLES_HELP, labels=["result"])
         sm.add_metric(["success"], snap.samples)
@@ -124,11 +140,15 @@ class TenantCollector(Collector):
     @staticmethod
     def render_snapshot(snap: Snapshot) -> str:
         labels = [(f'{{device="{escape_label_value(s.target.device)}",path="tc",tenant="{escape_label_value(s.target.tenant)}"}}', s)
-                  for s in snap.series]
+                  for s in snap.series if not s.target.pod]
         out = []
         for mtype, name, doc, attr in TENANT_FAMILIES:
             samples = [(lbl, v) for lbl, s in labels if (v := getattr(s, attr)) is not None]
             out.append(render_family(mtype, name, doc, samples))
+        pods = [(label_text(namespace=ns, pod=pod, tenant=s.target.tenant, device=s.target.device), s)
+                for s in snap.series if s.target.pod for ns, _, pod in (s.target.pod.partition("/"),)]
+        for mtype, name, doc, attr in POD_FAMILIES:
+            out.append(render_family(mtype, name, doc, [(lbl, getattr(s, attr)) for lbl, s in pods]))
         out.append(render_family("counter", "shaperd_sampler_samples", _SAMPLES_HELP,
                                  [('{result="success"}', snap.samples), ('{result="failure"}', snap.failures)]))
         if snap.taken_at is not None:

@@ -11,6 +11,10 @@ after another as plain text with no escape codes. The bar is coloured on a
 terminal unless NO_COLOR is set; ``-o json|yaml`` prints one document per view. The tenants' RDMA ports
 are sampled at the same instants and shown below (report/rdma_view.py).
 
+A capped pod's own class (kubernetes.io/egress-bandwidth) is a row of its own right under its tenant's
+(its series' target names the pod): GUARANTEE is its share of the tenant's guarantee, LIMIT its cap
+as enforced (the annotation, at most its tenant's limit). SENT is bytes since top started.
+
 Each data plane is a registered backend's top plane (its spec's ``top``: htb's class counters,
 edt's stampers' maps), read at the same instants and fed through an Accumulator of its own, so
 their rows mean the same: RATE measured, BORROWED above the guarantee, BELOW-G while backlogged
@@ -82,30 +86,40 @@ class PlaneView:
 
 
 def ranked(views: list[PlaneView]) -> list[tuple[PlaneView, TenantSeries]]:
-    """Every plane's rows in one ranking: by tenant, then device (then plane)."""
+    """Every plane's rows in one ranking: by tenant, then device (then plane); a capped pod's row right
+    after its tenant's on the same device and plane."""
     both = [(v, s) for v in views for s in v.series]
-    return sorted(both, key=lambda vs: (vs[1].target.tenant, vs[1].target.device, vs[0].name))
+    return sorted(both, key=lambda vs: (vs[1].target.tenant, vs[1].target.device, vs[0].name, vs[1].target.pod))
 
 
 def _drops_key(plane: str, s: TenantSeries) -> tuple:
     return (plane, s.target.device, s.target.classid)
 
 
+def who(s: TenantSeries) -> str:
+    """The TENANT cell: the tenant, or a capped pod indented under it (named so without a tenant)."""
+    if not s.target.pod:
+        return s.target.tenant
+    return f"  pod {s.target.pod}" if s.target.tenant else f"pod {s.target.pod} (no tenant)"
+
+
 def render(views: list[PlaneView], drops_base: dict, window_s: float, node: str = "", rdma=(),
-           color: bool = False) -> str:
+           color: bool = False, sent_base: dict | None = None) -> str:
     from shaperd.core.units import format_backlog_ns
 
+    sent_base = sent_base or {}
     head = ("TENANT", "PLANE", "DEVICE", "CLASS", "RATE", "RATE VS GUARANTEE | LIMIT", "GUARANTEE", "LIMIT",
-            "DROPS", "BACKLOG", "BORROWED", "BELOW-G")
+            "SENT", "DROPS", "BACKLOG", "BORROWED", "BELOW-G")
     lines = [head]
     for v, s in ranked(views):
         b_bytes, b_ns = v.backlog(s)
         backlog = _bytes(b_bytes) if b_ns is None else format_backlog_ns(b_ns)
         lines.append((
-            s.target.tenant, v.name, s.target.device, fmt_handle(s.target.classid),
+            who(s), v.name, s.target.device, fmt_handle(s.target.classid),
             "-" if s.rate_bps is None else format_rate(int(s.rate_bps)),
             bar(s.rate_bps, s.guarantee_bps, s.limit_bps),
             format_rate(s.guarantee_bps), format_rate(s.limit_bps),
+            _bytes(s.bytes - sent_base.get(_drops_key(v.name, s), s.bytes)),
             str(s.drops - drops_base.get(_drops_key(v.name, s), s.drops)), backlog,
             _bytes(s.borrowed_bytes), f"{s.below_guarantee_s:.1f}s",
         ))
@@ -118,7 +132,7 @@ def render(views: list[PlaneView], drops_base: dict, window_s: float, node: str 
         for dev, err in sorted(v.errors.items()):
             body += f"\n{v.name} {dev}: {err}"
     title = f"shaperd top{' ' + node if node else ''}  {time.strftime('%H:%M:%S')}  rate window {window_s:.1f}s  " \
-            "(DROPS, BORROWED and BELOW-G since top started)"
+            "(SENT, DROPS, BORROWED and BELOW-G since top started)"
     if not any(v.series for v in views):
         body += "\n(no tenant class on any device: no shaperd qdisc, or no tenants file to name classes)"
     if rdma:
@@ -128,17 +142,20 @@ def render(views: list[PlaneView], drops_base: dict, window_s: float, node: str 
     return f"{title}\n{body}"
 
 
-def view_doc(views: list[PlaneView], drops_base: dict, window_s: float, rdma=()) -> dict:
+def view_doc(views: list[PlaneView], drops_base: dict, window_s: float, rdma=(), sent_base: dict | None = None) -> dict:
     """One view as ``-o json|yaml`` prints it: the same figures as the table, rates in bit/s, bytes in bytes.
 
     Every row has the same keys: ``backlog_bytes`` is None on a plane whose backlog is time, ``backlog_ns``
     on one whose backlog is bytes."""
     from shaperd.report.rdma_view import tenant_rows
 
+    sent_base = sent_base or {}
+
     def row(v: PlaneView, s: TenantSeries) -> dict:
         b_bytes, b_ns = v.backlog(s)
-        return {"tenant": s.target.tenant, "plane": v.name, "device": s.target.device,
+        return {"tenant": s.target.tenant, "pod": s.target.pod or None, "plane": v.name, "device": s.target.device,
                 "classid": fmt_handle(s.target.classid),
+                "sent_bytes_since_start": s.bytes - sent_base.get(_drops_key(v.name, s), s.bytes),
                 "rate_bps": s.rate_bps, "guarantee_bps": s.guarantee_bps, "limit_bps": s.limit_bps,
                 "drops_since_start": s.drops - drops_base.get(_drops_key(v.name, s), s.drops),
                 "backlog_bytes": b_bytes, "backlog_ns": b_ns,
@@ -169,6 +186,7 @@ def main(args) -> int:
     color = output.use_color(sys.stdout)
     machine = output.machine(args)
     drops_base: dict = {}
+    sent_base: dict = {}
     window = max(2.0, args.interval)
     n = 0
     try:
@@ -179,13 +197,14 @@ def main(args) -> int:
                 accs[p.name].ingest(now, stats, targets)
                 for s in accs[p.name].series.values():
                     drops_base.setdefault(_drops_key(p.name, s), s.drops)
+                    sent_base.setdefault(_drops_key(p.name, s), s.bytes)
             rdma.sample(now)
             views = [PlaneView(p.name, accs[p.name].view(), p.backlog, p.errors()) for p in planes]
             if machine and n > 0:  # one document per view; the first sample has no rates yet
-                doc = view_doc(views, drops_base, window, rdma=rdma.view())
+                doc = view_doc(views, drops_base, window, rdma=rdma.view(), sent_base=sent_base)
                 print(("---\n" if args.output == "yaml" else "") + output.dump(doc, args.output, indent=None), flush=True)
             elif not machine and (n > 0 or args.iterations is None):
-                text = render(views, drops_base, window, rdma=rdma.view(), color=color)
+                text = render(views, drops_base, window, rdma=rdma.view(), color=color, sent_base=sent_base)
                 print((CLEAR if tty else "") + text + ("" if tty else "\n"), flush=True)
             if n > 0 and args.iterations is not None and n >= args.iterations:
                 return EXIT_OK

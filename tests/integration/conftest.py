@@ -106,11 +106,17 @@ class Bed:
 
     def cleanup(self) -> None:
         self.nets.cleanup()
+        from shaperd.backends.podingress import labels as podingress_labels  # the capped pods' ingress labels
+
+        podingress_labels.remove(podingress_labels.path_for("/run", self.node))
         # What a reconciler opened on this node namespace with the default roots recorded for status
         # (report/edt_refused.py): per namespace, so it names only this bed's devices; never left behind.
         from shaperd.engine import refusals_file as edt_refused
 
         edt_refused.path_for("/run", self.node).unlink(missing_ok=True)
+        from shaperd.backends.htb import podlabels  # the capped pods' labels, likewise (backends/htb/podlabels.py)
+
+        podlabels.path_for("/run", self.node).unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -140,6 +140,41 @@ def test_modified_that_shaperd_ignores_does_not_call_on_change(api, make_watcher
     assert w.snapshot()[a["metadata"]["uid"]].phase == "Succeeded"
 
 
+EGRESS = "kubernetes.io/egress-bandwidth"
+
+
+def set_annotation(key: str, value):
+    def fn(p):
+        ann = p["metadata"].setdefault("annotations", {})
+        if value is None:
+            ann.pop(key, None)
+        else:
+            ann[key] = value
+    return fn
+
+
+def test_a_changed_bandwidth_annotation_notifies_an_unrelated_one_does_not(api, make_watcher):
+    """Live caps: a MODIFIED event that changes only kubernetes.io/egress-bandwidth reaches the reconcile
+    (no pod restart); one that changes an unrelated annotation does not wake it."""
+    a = api.add_pod(make_pod("a", NODE))
+    uid = a["metadata"]["uid"]
+    listed = api.rv
+    w, changes = make_watcher()
+    assert changes.wait_rv(listed)
+    capped = api.modify_pod(uid, set_annotation(EGRESS, "100M"))
+    assert changes.wait_rv(rv(capped))
+    assert w.snapshot()[uid].annotations[EGRESS] == "100M"
+    unrelated = api.modify_pod(uid, set_annotation("example.com/build", "42"))
+    assert wait(lambda: at_least(w, rv(unrelated)))  # processed, without a call
+    changed = api.modify_pod(uid, set_annotation(EGRESS, "200M"))
+    assert changes.wait_rv(rv(changed))
+    assert w.snapshot()[uid].annotations[EGRESS] == "200M"
+    removed = api.modify_pod(uid, set_annotation(EGRESS, None))  # a removed annotation removes the cap
+    assert changes.wait_rv(rv(removed))
+    assert EGRESS not in w.snapshot()[uid].annotations
+    assert changes.rvs == [str(listed), rv(capped), rv(changed), rv(removed)]
+
+
 def test_field_selector_and_node_name_reach_the_server(api, make_watcher):
     w, _ = make_watcher()
     assert wait(lambda: w.synced and api.watch_requests())

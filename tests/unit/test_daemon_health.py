@@ -308,7 +308,10 @@ def test_status_prints_the_degraded_line_puts_it_in_json_and_exits_by_the_cli_co
     monkeypatch.setattr(rtnl, "RtnlReader", lambda netns=None, **kw: Reader())
     monkeypatch.setattr(htb_status, "sample", lambda reader: {})
     monkeypatch.setattr(classifier_status, "collect", lambda reader: {})
-    for nic in (vf_status, devlink_status, dcb_status):  # no NIC section: their kernel sides are not faked here
+    from shaperd.backends.podingress import status as podingress_status
+
+    # no NIC or pod ingress section: their kernel sides (VF info, devlink, DCB, qdisc dumps) are not faked here
+    for nic in (vf_status, devlink_status, dcb_status, podingress_status):
         monkeypatch.setattr(nic, "sections", lambda inp: [])
     monkeypatch.setattr(edt_status, "devices", lambda reader: [])
     opened = []

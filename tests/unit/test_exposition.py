@@ -62,7 +62,8 @@ numbers = st.integers(0, 2**64) | st.floats(allow_nan=True, allow_infinity=True)
 def snapshots(draw):
     series = []
     for i in range(draw(st.integers(0, 6))):
-        tgt = Target(draw(names), draw(names), i)
+        # a capped pod's own class too (shaperd_pod_transmit_*): "namespace/name"
+        tgt = Target(draw(names), draw(names), i, pod=draw(st.sampled_from(["", "team-a/trainer-0", 'n"s/p\\o\nd'])))
         s = TenantSeries(tgt, draw(numbers), draw(numbers), bytes=draw(numbers), packets=draw(numbers),
                          drops=draw(numbers), overlimits=draw(numbers), backlog_bytes=draw(numbers),
                          borrowed_bytes=draw(numbers), below_guarantee_s=draw(numbers),

@@ -70,6 +70,35 @@ def test_status_ignored_fields_do_not_change_equality():
     assert a == b
 
 
+EGRESS, INGRESS = "kubernetes.io/egress-bandwidth", "kubernetes.io/ingress-bandwidth"
+
+
+def test_a_changed_bandwidth_annotation_is_a_change_an_unrelated_one_is_not():
+    """PodInfo equality decides whether a MODIFIED event wakes the reconcile (watcher._apply)."""
+    base = PodInfo.from_dict(wire(metadata__annotations={EGRESS: "100M", "x": "1"}))
+    assert base.annotations == {EGRESS: "100M"}  # only the kept ones
+    assert base == PodInfo.from_dict(wire(metadata__annotations={EGRESS: "100M", "x": "2", "y": "3"}))
+    assert base != PodInfo.from_dict(wire(metadata__annotations={EGRESS: "200M", "x": "1"}))
+    assert base != PodInfo.from_dict(wire(metadata__annotations={"x": "1"}))  # removed: the cap goes
+    assert base != PodInfo.from_dict(wire(metadata__annotations={EGRESS: "100M", INGRESS: "50M"}))
+    assert hash(base) == hash(PodInfo.from_dict(wire(metadata__annotations={EGRESS: "100M"})))
+
+
+@pytest.mark.parametrize("value, text", [(100000000, "100000000"), (1.5e8, "150000000.0"), (True, "true"),
+                                         (None, "null"), (["100M"], '["100M"]'), ({"rate": "1G"}, '{"rate": "1G"}')])
+def test_a_non_string_bandwidth_value_is_kept_as_its_json_text_not_dropped(value, text):
+    from shaperd.core.podcaps import NotAString, parse_bandwidth, AnnotationError
+
+    p = PodInfo.from_dict(wire(metadata__annotations={EGRESS: value, "other": 5}))
+    kept = p.annotations[EGRESS]
+    assert isinstance(kept, NotAString) and str.__str__(kept) == text and "other" not in p.annotations
+    with pytest.raises(AnnotationError) as ei:
+        parse_bandwidth(kept, 10**9)
+    assert ei.value.reason == "syntax"
+    # the JSON number 100000000 and the string "100000000" are different pods' worth of change
+    assert p != PodInfo.from_dict(wire(metadata__annotations={EGRESS: text}))
+
+
 @pytest.mark.parametrize("over, path", [
     ({"metadata": "x"}, "metadata"),
     ({"metadata__uid": KeyError}, "metadata.uid"),

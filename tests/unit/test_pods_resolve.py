@@ -27,3 +27,17 @@ def test_a_failing_lookup_is_recorded_on_that_pod_and_the_others_resolve():
     assert out["good"].host_ifname == "cali1" and out["good"].problems == ()
     assert out["bad"].host_ifindex is None
     assert out["bad"].problems == ("get route to 198.18.9.9 on node: Invalid argument",)
+
+
+def test_the_bandwidth_annotations_reach_the_inventory_pod_and_a_non_string_is_kept_to_be_refused():
+    from shaperd.core.podcaps import EGRESS_ANNOTATION, INGRESS_ANNOTATION, NotAString
+
+    links = (Link("up0", 2), Link("cali1", 7, kind="veth"))
+    plain = SimpleNamespace(**vars(info("plain", "198.18.5.5")), annotations={})
+    capped = SimpleNamespace(**vars(info("capped", "198.18.5.6")),
+                             annotations={EGRESS_ANNOTATION: "100M", INGRESS_ANNOTATION: "50M", "x": "y"})
+    odd = SimpleNamespace(**vars(info("odd", "198.18.5.7")), annotations={EGRESS_ANNOTATION: 100})
+    out = {p.uid: p for p in pods.resolve(Reader(), [plain, capped, odd], links, None)}
+    assert (out["plain"].egress_bandwidth, out["plain"].ingress_bandwidth) == (None, None)
+    assert (out["capped"].egress_bandwidth, out["capped"].ingress_bandwidth) == ("100M", "50M")
+    assert isinstance(out["odd"].egress_bandwidth, NotAString)  # refused by podcaps, not dropped

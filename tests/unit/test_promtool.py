@@ -61,6 +61,14 @@ def full_exposition(tmp_path, rig) -> str:  # noqa: F811
                                    {(pf, "shpd_a"): (1_250_000, 12_000_000)}, True)
 
     devlink_metrics.install(m, Src())
+    from shaperd.backends.podingress.backend import PodIngressBackend
+    from shaperd.backends.podingress.metrics import PodIngressCollector
+    from shaperd.backends.podingress.plan import PodIngressPlan
+    from .test_podingress_report import Reader as QdiscReader, pods as capped_pods
+
+    podin = PodIngressBackend(None)  # per-pod ingress caps, their tbf counters from a fake qdisc dump
+    podin.snapshot = PodIngressPlan(pods=capped_pods())
+    m.collectors.collectors["pod_ingress"] = PodIngressCollector(podin, QdiscReader)
     _nic, backend, rec = rig("i40e")
     vfrate_metrics.install(m, [backend])
     rec.apply(config.load_text(CFG))
@@ -75,6 +83,9 @@ def full_exposition(tmp_path, rig) -> str:  # noqa: F811
     htb = HtbBackend(writer=None)
     htb.classifier_paths, htb.offload = {"eth0": "ebpf"}, {"eth0": (True, "mlx5_core, hw-tc-offload on")}
     classifier_metrics.install(m, [htb])
+    from shaperd.daemon.service import install_annotation_metrics
+
+    install_annotation_metrics(m, rec)  # refused pod annotations, from the reconciler's ledger
     return m.exposition().decode()
 
 
@@ -85,8 +96,10 @@ def test_the_exposition_has_every_collector_and_promtool_finds_nothing(tmp_path,
     for n in ("shaperd_tenant_transmit_rate_bytes_per_second", "shaperd_tenant_rdma_transmit_wait",
               "shaperd_tenant_devlink_rate_configured_bytes_per_second",
               "shaperd_tenant_vf_configured_rate_bytes_per_second", "shaperd_tenant_dcb_share_ratio",
-              "shaperd_htb_offload", "shaperd_classifier_info", "shaperd_degraded_targets", "process_resident_memory_bytes", "process_start_time_seconds", "python_info"):
+              "shaperd_htb_offload", "shaperd_classifier_info", "shaperd_degraded_targets",
+              "shaperd_pod_annotation_invalid", "process_resident_memory_bytes", "process_start_time_seconds", "python_info"):
         assert n in names, n
+    assert {"shaperd_pod_receive_bytes", "shaperd_pod_receive_limit_bytes_per_second"} <= names
     r = run(["check", "metrics"], stdin=text)
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
 

@@ -189,6 +189,9 @@ def test_status_prints_the_sections_after_the_classes_and_rdma_ports_and_in_its_
     from shaperd.backends.edt import status as edt_status
 
     monkeypatch.setattr(edt_status, "devices", lambda reader: [])  # no edt root: no section, no key
+    from shaperd.backends.podingress import status as podingress_status
+
+    monkeypatch.setattr(podingress_status, "sections", lambda inp: [])  # no pod ingress cap: no section, no key
     monkeypatch.setattr(vf_status, "sections", lambda inp: [vf_status.Section(inp, FakeNic("mlx5"))])
     monkeypatch.setattr(devlink_status, "sections", lambda inp: [devlink_status.Section(inp, NoFamily)])
     monkeypatch.setattr(dcb_status, "sections", lambda inp: [dcb_status.Section(inp, FakeDcb(["ens1f0"]))])

@@ -142,8 +142,9 @@ def classification(
     pod_classes: dict[str, int] | None = None, pod_marks: dict[str, int] | None = None,
     shaped: set[str] | frozenset[str] = frozenset(),
 ) -> Classification:
-    """``pod_classes``: uid -> class minor of each pod with an egress cap (pod_minors): its host interface,
-    cgroup, own mark (``pod_marks``: uid -> mark) and addresses map to that class instead of its tenant's.
+    """``pod_classes``: uid -> class minor of each pod with an egress cap (pod_minors): its host interface
+    (where no other pod shares it), cgroup, own mark (``pod_marks``: uid -> mark) and addresses map to that
+    class instead of its tenant's.
     ``shaped``: the uplinks' names (a pod whose host interface is an uplink gets no interface entry)."""
     filters: list[BpfFilter] = []
     by_pod = by_pod or {}
@@ -152,9 +153,10 @@ def classification(
     pod_marks = pod_marks or {}
     if inv.capabilities.bpf:
         by_ifindex = {idx: (classid(minors[tenant]), name) for idx, (tenant, name) in ifmap.items()}
+        sharing = _pods_per_interface(inv)
         for pod in inv.pods:  # a capped pod's own host interface (routed veth): skb->ingress_ifindex
             if (pod.uid in pod_classes and not pod.host_network and pod.host_ifindex is not None
-                    and pod.host_ifname not in shaped):
+                    and pod.host_ifname not in shaped and sharing[pod.host_ifindex] == 1):
                 by_ifindex[pod.host_ifindex] = (classid(pod_classes[pod.uid]), pod.host_ifname or str(pod.host_ifindex))
         mapping = tuple(sorted((idx, cls) for idx, (cls, _) in by_ifindex.items()))
         if mapping:
@@ -194,6 +196,16 @@ def classification(
                 claimed.add(net)
                 src_prefixes.append((net, cls))
     return Classification(tuple(filters), tuple(src_prefixes))
+
+
+def _pods_per_interface(inv: Inventory) -> dict[int, int]:
+    """host ifindex -> how many pods enter the node through it: an interface is a capped pod's own only
+    where it carries that pod alone (else its tenant-mates' packets would land in the pod's class)."""
+    out: dict[int, int] = {}
+    for pod in inv.pods:
+        if not pod.host_network and pod.host_ifindex is not None:
+            out[pod.host_ifindex] = out.get(pod.host_ifindex, 0) + 1
+    return out
 
 
 def _is_source_prefix(f: U32Filter) -> bool:

@@ -1,9 +1,9 @@
 """The eBPF map classifier on the kernel side: bytecode, maps, attach on clsact egress, adopt, read, write.
 
 Owns: generating the direct-action program (hand-built bytecode, no
-compiler), creating its maps (layout in backends/htb/mapcls.py), attaching it
-as shaperd's own cls_bpf filter (prio/handle 0x7368) on the device's clsact
-egress hook, finding it again after a restart (filter dump TCA_BPF_ID ->
+compiler), creating its maps (layout in backends/common/mapcls.py), attaching it
+as shaperd's own cls_bpf filter (prio/handle 0x7368; the destination-keyed
+variant of the ingress IFB at 0x7369) on the device's clsact egress hook, finding it again after a restart (filter dump TCA_BPF_ID ->
 program fd -> map ids -> map fds), reading the maps, and executing the
 classifier operations (one bpf() write per map changed).
 
@@ -42,6 +42,10 @@ from shaperd.kernel.tc import msg as _tcmsg  # one tcmsg builder for every hand-
 ETH_P_ALL = 0x0003
 _MAP_TYPES = {"hash": bpf_maps.MAP_HASH, "array": bpf_maps.MAP_ARRAY, "lpm_trie": bpf_maps.MAP_LPM_TRIE}
 _MAP_NAMES = {r: f"shpd_{r}" for r in ROLES}
+
+
+def _names(key: str) -> dict[str, str]:
+    return {r: _MAP_NAMES[r] for r in mapcls.roles(key)}
 PIN_PROG = bpf_pins.PIN_PROG
 _PIN_MAPS = {r: bpf_pins.pin_map(r) for r in ROLES}
 
@@ -95,7 +99,7 @@ _JA, _JEQK, _JGTX, _JEQ32K, _CALL, _EXIT = 0x05, 0x15, 0x2D, 0x16, 0x85, 0x95
 _LSH64K, _OR64X = 0x67, 0x4F
 
 
-def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
+def classifier_program(fds: dict[str, int], mark_mask: int, key: str = "src") -> bytes:
     """The program for map fds {role: fd} (see backends/htb/mapcls.py for the stages).
 
     Registers: r6 = skb, r7 = classid found (0 = none), r8 = skb->protocol.
@@ -110,9 +114,16 @@ def classifier_program(fds: dict[str, int], mark_mask: int) -> bytes:
 
     The stages run in this order; the first that finds a tenant jumps to "dst" (or "dst4"/"dst6" when
     the packet's family is already known), a miss falls through to the next stage.
+
+    ``key="dst"``: the destination-keyed variant (mapcls.py): the address stage alone, looking up the
+    packet's destination address instead of its source, its result written at once.
     """
     a = _ClassifierAsm(fds)
     _prologue(a)
+    if key == "dst":
+        _by_address(a, "dst")
+        _verdict(a)
+        return a.code()
     _by_ingress_ifindex(a)  # 1
     _by_cgroup_ancestors(a)  # 2
     _by_mark(a, mark_mask)  # 3
@@ -210,30 +221,41 @@ def _by_mark(a: _ClassifierAsm, mark_mask: int) -> None:
 
 def _by_source_prefix(a: _ClassifierAsm) -> None:
     """4. the source address, longest prefix wins (LPM); neither IPv4 nor IPv6, or no match: "out"."""
+    _by_address(a, "src")
+
+
+# Where the address a variant looks up sits in the IPv4 and IPv6 headers, and where a hit goes on.
+_ADDRESS_AT = {"src": (12, 8, "dst4", "dst6"), "dst": (16, 24, "write", "write")}
+
+
+def _by_address(a: _ClassifierAsm, key: str) -> None:
+    """The address tries: the source address (4. above) or, in the destination-keyed variant, the destination;
+    longest prefix wins (LPM); neither IPv4 nor IPv6, or no match: "out"."""
+    v4_off, v6_off, then4, then6 = _ADDRESS_AT[key]
     a.label("src")
     a.jmp(_JEQ32K, 8, "src4", _ETH_P_IP_BE)
     a.jmp(_JEQ32K, 8, "src6", _ETH_P_IPV6_BE)
     a.jmp(_JA, 0, "out")
     a.label("src4")
     a.packet(14 + 20, "out")
-    a.i(_LDXW, 5, 2, 14 + 12)  # {prefixlen 32, saddr}
+    a.i(_LDXW, 5, 2, 14 + v4_off)  # {prefixlen 32, address}
     a.i(_MOV32K, 4, 0, 0, 32)
     a.slot(-32, 4, 5)
     a.lookup("src4", -32, "out")
-    a.found("dst4")
+    a.found(then4)
     a.label("src6")
     a.packet(14 + 40, "out")
-    # {prefixlen 128, saddr w0..w3}: slots fp-32 (128, w0), fp-24 (w1, w2), fp-16 (w3, 0)
+    # {prefixlen 128, address w0..w3}: slots fp-32 (128, w0), fp-24 (w1, w2), fp-16 (w3, 0)
     a.i(_MOV32K, 4, 0, 0, 128)
-    a.i(_LDXW, 5, 2, 14 + 8)
+    a.i(_LDXW, 5, 2, 14 + v6_off)
     a.slot(-32, 4, 5)
-    a.i(_LDXW, 4, 2, 14 + 12)
-    a.i(_LDXW, 5, 2, 14 + 16)
+    a.i(_LDXW, 4, 2, 14 + v6_off + 4)
+    a.i(_LDXW, 5, 2, 14 + v6_off + 8)
     a.slot(-24, 4, 5)
-    a.i(_LDXW, 4, 2, 14 + 20)
+    a.i(_LDXW, 4, 2, 14 + v6_off + 12)
     a.slot(-16, 4, None)
     a.lookup("src6", -32, "out")
-    a.found("dst6")
+    a.found(then6)
 
 
 def _by_destination_scope(a: _ClassifierAsm) -> None:
@@ -278,10 +300,10 @@ class ClassifierMaps:
         self.maps = maps
 
     @classmethod
-    def create(cls) -> ClassifierMaps:
+    def create(cls, key: str = "src") -> ClassifierMaps:
         maps: dict[str, bpf_maps.BpfMap] = {}
         try:
-            for role in ROLES:
+            for role in mapcls.roles(key):
                 kind, ks, vs, n = MAP_SHAPES[role]
                 maps[role] = bpf_maps.create_map(_MAP_TYPES[kind], ks, vs, n, _MAP_NAMES[role])
         except BaseException:
@@ -291,20 +313,20 @@ class ClassifierMaps:
         return cls(maps)
 
     @classmethod
-    def adopt(cls, prog_id: int) -> ClassifierMaps:
+    def adopt(cls, prog_id: int, key: str = "src") -> ClassifierMaps:
         """The maps of the attached program ``prog_id`` (BpfMapError if it is gone or not ours)."""
-        return cls(bpf_maps.maps_of_prog(prog_id, _MAP_NAMES, "classifier"))
+        return cls(bpf_maps.maps_of_prog(prog_id, _names(key), "classifier"))
 
     @classmethod
-    def adopt_pinned(cls, pins: bpf_pins.PinStore, device: str, prog_id: int) -> ClassifierMaps:
+    def adopt_pinned(cls, pins: bpf_pins.PinStore, device: str, prog_id: int, key: str = "src") -> ClassifierMaps:
         """The maps pinned for ``device``, if its pinned program is the attached ``prog_id`` and every
         pinned map is one of that program's (BpfMapError otherwise: the classifier is then replaced)."""
-        return cls(bpf_pins.adopt_pinned(pins, device, prog_id, _MAP_NAMES, "classifier"))
+        return cls(bpf_pins.adopt_pinned(pins, device, prog_id, _names(key), "classifier"))
 
     @classmethod
-    def open(cls, pins: bpf_pins.PinStore | None, device: str, prog_id: int) -> ClassifierMaps:
-        """Through the pins when they are in use, else by id (CAP_SYS_ADMIN)."""
-        return cls.adopt_pinned(pins, device, prog_id) if pins is not None else cls.adopt(prog_id)
+    def open(cls, pins: bpf_pins.PinStore | None, device: str, prog_id: int, key: str = "src") -> ClassifierMaps:
+        """Through the pins when they are in use, else by id (CAP_SYS_ADMIN); ``key``: the variant (its maps)."""
+        return cls.adopt_pinned(pins, device, prog_id, key) if pins is not None else cls.adopt(prog_id, key)
 
     def pin_files(self) -> dict[str, int]:
         return {_PIN_MAPS[r]: m.fd for r, m in self.maps.items()}
@@ -332,26 +354,29 @@ class ClassifierMaps:
         return n + (m.delete_batch(list(deletes)) if deletes else 0)
 
 
-def load(maps: ClassifierMaps, mark_mask: int, name: str) -> int:
-    """Load the program against ``maps``; returns its fd (the caller closes it after attaching)."""
-    return bpf.load_sched_cls(classifier_program(maps.fds(), mark_mask), name)
+def load(maps: ClassifierMaps, mark_mask: int, name: str, key: str = "src") -> int:
+    """Load the program (``key``: its variant) against ``maps``; returns its fd (the caller closes it after
+    attaching)."""
+    return bpf.load_sched_cls(classifier_program(maps.fds(), mark_mask, key), name)
 
 
 # ------------------------------------------------------------- observe
 
-def observe(filter_rows, device: str, pins: bpf_pins.PinStore | None = None) -> ObservedMapClassifier | None:
-    """Our classifier among the clsact egress filter rows of one device, with its maps' entries."""
-    ours = [f for f in filter_rows if f.kind == "bpf" and f.prio == mapcls.PRIO_EGRESS_CLASSIFY
-            and f.handle == mapcls.HANDLE_EGRESS_CLASSIFY]
+def observe(filter_rows, device: str, pins: bpf_pins.PinStore | None = None,
+            key: str = "src") -> ObservedMapClassifier | None:
+    """Our classifier (``key``: the variant, at its own prio and handle) among the clsact egress filter rows
+    of one device, with its maps' entries."""
+    prio, handle, is_ours = mapcls.VARIANTS[key]
+    ours = [f for f in filter_rows if f.kind == "bpf" and f.prio == prio and f.handle == handle]
     if not ours:
         return None
     f = ours[0]
     obs = ObservedMapClassifier(name=f.name, prog_id=getattr(f, "prog_id", 0), handle=f.handle, prio=f.prio)
-    if not mapcls.is_ours(f.name) or not obs.prog_id:
+    if not is_ours(f.name) or not obs.prog_id:
         obs.error = f"filter {f.name or '?'} at shaperd's prio carries no readable program"
         return obs
     try:
-        with ClassifierMaps.open(pins, device, obs.prog_id) as maps:
+        with ClassifierMaps.open(pins, device, obs.prog_id, key) as maps:
             obs.entries = maps.read()
     except bpf_maps.BpfMapError as e:
         obs.error = f"read classifier maps on {device}: {e}"
@@ -365,8 +390,8 @@ _F_PUT = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
 
 
 
-def _info() -> int:
-    return (mapcls.PRIO_EGRESS_CLASSIFY << 16) | socket.htons(ETH_P_ALL)
+def _info(prio: int = mapcls.PRIO_EGRESS_CLASSIFY) -> int:
+    return (prio << 16) | socket.htons(ETH_P_ALL)
 
 
 def ensure_clsact(ipr, ifindex: int) -> None:
@@ -380,17 +405,18 @@ def ensure_clsact(ipr, ifindex: int) -> None:
             raise
 
 
-def attach(ipr, ifindex: int, prog_fd: int, name: str) -> None:
-    """Create or replace shaperd's own filter (prio/handle 0x7368) on clsact egress, direct-action."""
+def attach(ipr, ifindex: int, prog_fd: int, name: str, prio: int = mapcls.PRIO_EGRESS_CLASSIFY,
+           handle: int = mapcls.HANDLE_EGRESS_CLASSIFY) -> None:
+    """Create or replace shaperd's own filter (prio/handle 0x7368, or the variant's) on clsact egress,
+    direct-action."""
     opts = {"attrs": [["TCA_BPF_FD", prog_fd], ["TCA_BPF_NAME", name], ["TCA_BPF_FLAGS", 1]]}
-    msg = _tcmsg(RTM_NEWTFILTER, _F_PUT, ifindex, mapcls.HANDLE_EGRESS_CLASSIFY, TC_H_CLSACT_EGRESS, _info(),
-                 "bpf", opts)
+    msg = _tcmsg(RTM_NEWTFILTER, _F_PUT, ifindex, handle, TC_H_CLSACT_EGRESS, _info(prio), "bpf", opts)
     ipr.nlm_request_batch([msg])
 
 
-def detach(ipr, ifindex: int) -> None:
-    msg = _tcmsg(RTM_DELTFILTER, NLM_F_REQUEST | NLM_F_ACK, ifindex, mapcls.HANDLE_EGRESS_CLASSIFY,
-                 TC_H_CLSACT_EGRESS, _info(), "bpf")
+def detach(ipr, ifindex: int, prio: int = mapcls.PRIO_EGRESS_CLASSIFY,
+           handle: int = mapcls.HANDLE_EGRESS_CLASSIFY) -> None:
+    msg = _tcmsg(RTM_DELTFILTER, NLM_F_REQUEST | NLM_F_ACK, ifindex, handle, TC_H_CLSACT_EGRESS, _info(prio), "bpf")
     ipr.nlm_request_batch([msg])
 
 
@@ -398,15 +424,16 @@ def install(ipr, ifindex: int, want: MapClassifier, device: str = "", pins: bpf_
     """Fresh maps, filled, program loaded and attached, then (with ``pins``) pinned for ``device``,
     replacing its pins. Returns the number of bpf() map writes."""
     writes = 0
-    with ClassifierMaps.create() as maps:
-        for role in ROLES:
+    with ClassifierMaps.create(want.key) as maps:
+        for role in mapcls.roles(want.key):
             entries = want.entries.get(role, {})
             if entries:
                 writes += maps.write(role, list(entries.items()), [])
-        fd = load(maps, want.mark_mask, want.name)
+        fd = load(maps, want.mark_mask, want.name, want.key)
+        prio, handle, _ = mapcls.VARIANTS[want.key]
         try:
             ensure_clsact(ipr, ifindex)
-            attach(ipr, ifindex, fd, want.name)
+            attach(ipr, ifindex, fd, want.name, prio, handle)
             if pins is not None:  # after the attach: old pins left by a crash here no longer match, so are replaced
                 pins.pin(device, {PIN_PROG: fd, **maps.pin_files()})
         finally:
@@ -427,7 +454,7 @@ def apply_ops(ipr, ops: list[Operation], pins: bpf_pins.PinStore | None = None) 
             if isinstance(op, mapcls.AttachMapClassifier):
                 install(ipr, op.ifindex, op.classifier, op.device, pins)
             elif isinstance(op, mapcls.UpdateClassifierMap):
-                with ClassifierMaps.open(pins, op.device, op.prog_id) as maps:
+                with ClassifierMaps.open(pins, op.device, op.prog_id, op.key) as maps:
                     maps.write(op.role, op.upserts, op.deletes)
             elif isinstance(op, mapcls.UnpinMapClassifier):
                 if pins is None:
@@ -435,7 +462,7 @@ def apply_ops(ipr, ops: list[Operation], pins: bpf_pins.PinStore | None = None) 
                 pins.remove(op.device)
             elif isinstance(op, mapcls.DetachMapClassifier):
                 try:
-                    detach(ipr, op.ifindex)
+                    detach(ipr, op.ifindex, op.prio, op.handle)
                 except NetlinkError as e:
                     if e.code != errno_mod.ENOENT:
                         raise

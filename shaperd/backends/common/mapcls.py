@@ -18,6 +18,12 @@ It writes the result to skb->priority (HTB takes a leaf class whose id equals
 skb->priority without consulting filters) and returns TC_ACT_UNSPEC, so later
 clsact programs still run. Unmatched packets keep their skb->priority.
 
+The destination-keyed variant (``key="dst"``, program ``shpd_d*``, its own
+prio/handle 0x7369) runs on the clsact egress of the tenant-ingress IFB
+(backends/ingress/): it has only the address stage, keyed on the packet's
+destination (``src4``/``src6`` then hold destination prefixes), so what
+arrives for a tenant's pods and addresses lands in its class there.
+
 This module owns the key/value layout (bytes, host order for integers,
 network order for addresses, as the kernel compares them), the desired
 entries from a plan, and the diff of desired against observed entries.
@@ -43,6 +49,10 @@ GENERATOR_VERSION = 1
 # programs that must see the classid (the EDT stamper) use a larger prio.
 PRIO_EGRESS_CLASSIFY = 0x7368
 HANDLE_EGRESS_CLASSIFY = 0x7368
+# The destination-keyed variant's own (on an ingress IFB): never taken for the source classifier by the
+# backends that look for theirs at 0x7368 on every clsact egress (htb, edt).
+PRIO_DST_CLASSIFY = 0x7369
+HANDLE_DST_CLASSIFY = 0x7369
 CGROUP_LEVELS_MAX = 4
 
 ROLES = ("ifindex", "cglevels", "cgroup", "mark", "src4", "src6", "dst4", "dst6")
@@ -72,6 +82,26 @@ def program_name(mark_mask: int) -> str:
 
 def is_ours(name: str) -> bool:
     return len(name) == 15 and name.startswith("shpd_c")
+
+
+def dst_program_name() -> str:
+    """'shpd_d' + 9 hex: the destination-keyed variant's generator version (it bakes in no mark mask)."""
+    h = hashlib.sha256(f"shaperd-mapcls-dst-v{GENERATOR_VERSION}".encode()).hexdigest()
+    return "shpd_d" + h[:9]
+
+
+def is_ours_dst(name: str) -> bool:
+    return len(name) == 15 and name.startswith("shpd_d")
+
+
+# key -> (clsact egress prio, handle, name check): where each variant sits and how its program is known.
+VARIANTS = {"src": (PRIO_EGRESS_CLASSIFY, HANDLE_EGRESS_CLASSIFY, is_ours),
+            "dst": (PRIO_DST_CLASSIFY, HANDLE_DST_CLASSIFY, is_ours_dst)}
+
+
+def roles(key: str = "src") -> tuple[str, ...]:
+    """The maps a variant's program uses (and so holds, and is adopted by): all, or the address tries."""
+    return ROLES if key == "src" else ("src4", "src6")
 
 
 def owns_clsact_filter(row) -> bool:
@@ -122,6 +152,8 @@ class MapClassifier:
     name: str
     mark_mask: int
     entries: Entries = field(compare=False, hash=False)
+    # "src": the uplinks' classifier; "dst": the destination-keyed variant (the ingress IFB's), see above.
+    key: str = "src"
 
     def count(self) -> int:
         return sum(len(v) for r, v in self.entries.items() if r != "cglevels")
@@ -169,6 +201,13 @@ def build(mark_mask: int, ifindex: dict[int, int], cgroups, marks: dict[int, int
     return MapClassifier(program_name(mark_mask), mark_mask, e), warnings
 
 
+def build_dst(prefixes: dict) -> MapClassifier:
+    """The destination-keyed variant's entries: ``prefixes`` (destination network -> classid) in the address
+    tries, every other map empty (its program reads none of them)."""
+    mc, _ = build(0, {}, (), {}, prefixes)
+    return MapClassifier(dst_program_name(), 0, {r: mc.entries[r] for r in roles("dst")}, key="dst")
+
+
 def diff_entries(want: dict[bytes, bytes], have: dict[bytes, bytes]) -> tuple[dict[bytes, bytes], list[bytes]]:
     """(entries to write, keys to delete) so ``have`` becomes ``want``; both empty when in sync."""
     upserts = {k: v for k, v in want.items() if have.get(k) != v}
@@ -198,6 +237,7 @@ class UpdateClassifierMap(Operation):
     role: str
     upserts: tuple[tuple[bytes, bytes], ...] = ()
     deletes: tuple[bytes, ...] = ()
+    key: str = "src"  # the classifier's variant: which maps its program holds
     verb: ClassVar[str] = "update"
 
     def what(self) -> str:
@@ -236,16 +276,17 @@ def stale_pins(entries, keep: set[str], reason: str) -> list[TargetDiff]:
 
 def diff(dev: str, idx: int, want: MapClassifier | None, have: ObservedMapClassifier | None) -> list[Operation]:
     """The writes that make the device's classifier match; none when in sync."""
-    if want is None:
-        return [DetachMapClassifier(device=dev, ifindex=idx, reason="u32 path or not wanted")] if have else []
+    if want is None:  # at the prio and handle it was found at (each variant has its own)
+        return [DetachMapClassifier(device=dev, ifindex=idx, prio=have.prio, handle=have.handle,
+                                    reason="u32 path or not wanted")] if have else []
     if have is None or have.name != want.name or have.error:
         why = ("missing" if have is None else have.error or f"program {have.name} is another version")
         return [AttachMapClassifier(device=dev, ifindex=idx, classifier=want, reason=why)]
     ops: list[Operation] = []
-    for role in ROLES:
+    for role in roles(want.key):
         up, dels = diff_entries(want.entries.get(role, {}), have.entries.get(role, {}))
         if up or dels:
             ops.append(UpdateClassifierMap(device=dev, ifindex=idx, prog_id=have.prog_id, role=role,
                                            upserts=tuple(sorted(up.items())), deletes=tuple(dels),
-                                           reason="entries differ"))
+                                           key=want.key, reason="entries differ"))
     return ops

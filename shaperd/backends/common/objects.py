@@ -40,6 +40,12 @@ PRIO_U32_V6_BASE = 2000  # + (128 - prefix length)
 PRIO_SCOPE_V4_BASE = 3000  # + (32 - prefix length)
 PRIO_SCOPE_V6_BASE = 3200  # + (128 - prefix length)
 PRIO_SCOPE_REST = 3400
+# In the same chain, after the scopes and before "rest" (u32 path only): a capped pod's own addresses
+# (host prefixes, so one prio per family) to its leaf (backends/htb/pods.py).
+PRIO_CHAIN_POD_V4 = 3340
+PRIO_CHAIN_POD_V6 = 3341
+# Filters at or above this prio sit in an inner class's chain, below it in the root's (backends/htb/observe.py).
+PRIO_CHAIN_FIRST = PRIO_SCOPE_V4_BASE
 
 # Root qdiscs the kernel or the distribution installs by default: shaperd may
 # replace these. Anything else belongs to someone and is left alone.

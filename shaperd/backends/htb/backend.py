@@ -2,7 +2,8 @@
 
 Owns the root qdisc 7368: and everything under it on the devices it shapes;
 garbage-collects its tree from devices no longer selected (not from those
-merely failing to plan, which keep what they have), and, where the map
+merely failing to plan, which keep what they have); keeps the capped pods'
+labels file for status (podlabels.py) where it writes the tree; and, where the map
 classifier is adopted through bpffs pins, its pin entries of devices that no
 longer use it (gone, renamed, deselected, u32 path) and a crash's leftovers.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from shaperd.core import log
 from shaperd.core.errors import KernelError
@@ -21,6 +23,7 @@ from shaperd.kernel import tc
 from shaperd.backends.htb import kernel_tc
 from shaperd.core.protocol import ApplyResult, BackendStats, ClassTarget, PlanInput, Support, TargetDiff, planned_diffs
 from shaperd.backends.htb import observe as obs
+from shaperd.backends.htb import podlabels
 from shaperd.backends.htb.diff import diff_device, diff_teardown
 from shaperd.backends.common import mapcls
 from shaperd.backends.common.mapcls import stale_pins
@@ -67,7 +70,7 @@ class HtbBackend:
     teardown_remains = "its root qdisc 7368: with its classes, leaves and filters, and its map classifier"
 
     def __init__(self, writer, settings: HtbSettings = HtbSettings(), take_over: bool = False,
-                 pins: bpf_pins.PinStore | None = None):
+                 pins: bpf_pins.PinStore | None = None, labels_file: Path | None = None):
         self.writer = writer  # pyroute2 IPRoute, created by kernel.tc.open_writer in the node's namespace
         self.settings = settings
         self.take_over = take_over
@@ -82,6 +85,10 @@ class HtbBackend:
         self._offloaded: set[tuple[int, str]] = set()
         # device -> (offloaded, why), as of the last stats() (status, metrics, one log line per change).
         self.offload: dict[str, tuple[bool, str]] = {}
+        # Who the capped pods' classes are for (podlabels.py), as planned and as last written for status.
+        self.labels_file = labels_file
+        self._labels: dict = {}
+        self._labels_recorded: dict | None = None
 
     def probe(self, caps: Capabilities) -> Support:
         if not caps.htb:
@@ -101,7 +108,19 @@ class HtbBackend:
         self.refused(ctx.inventory)
         p = plan(ctx.config, ctx.inventory, self.settings, ctx.tenancy, self.take_over, dict(self.offload_refused))
         self._offloaded = {(dp.ifindex, dp.device) for dp in p.devices if dp.root.offload}
+        self._labels = podlabels.doc_of(p)
         return p
+
+    def _record_labels(self) -> None:
+        """Keep ``labels_file`` equal to the planned pod classes (written where the tree is written: apply)."""
+        if self.labels_file is None or self._labels == self._labels_recorded:
+            return
+        try:
+            podlabels.record(self.labels_file, self._labels)
+            self._labels_recorded = self._labels
+        except OSError as e:
+            log.get("shaperd.htb").warning("capped pods' labels not recorded for shaperd status",
+                                           file=str(self.labels_file), error=str(e))
 
     def _offload_refusals(self, result: ApplyResult) -> None:
         """Remember a refused offload per device (the first refusal's text) and say so; mark the errors."""
@@ -161,6 +180,7 @@ class HtbBackend:
         return out
 
     def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
+        self._record_labels()
         # tc objects first (the classes the classifier points at), then the map classifier's writes.
         tc_ops = [op for op in diff.ops if not bpf_classify.is_classifier_op(op)]
         cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
@@ -218,6 +238,11 @@ class HtbBackend:
                 c = by_id.get(cid)
                 if c is not None:
                     out.targets[(dp.device, cid)] = ClassTarget(tenant, dp.device, cid, c.rate_bps, c.ceil_bps)
+            for p in desired.pods:  # capped pods' own classes: shaperd_pod_transmit_* (report/collectors.py)
+                c = by_id.get(p.classid)
+                if c is not None:
+                    out.targets[(dp.device, p.classid)] = ClassTarget(p.tenant or "", dp.device, p.classid,
+                                                                      c.rate_bps, c.ceil_bps, pod=p.ref)
         out.endpoints = {t: {"cidr": n, "interface": 0, "cgroup": 0} for t, n in desired.tenant_cidrs.items()}
         # The interface and cgroup mappings are the same on every shaped device: count the first.
         for dp in desired.devices[:1]:

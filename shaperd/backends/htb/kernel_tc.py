@@ -8,54 +8,17 @@ sending, batching and attributing answers is kernel/tc.py.
 from __future__ import annotations
 
 from shaperd.backends.common.kernel_tc import CODEC as CLSACT_CODEC  # teardown may delete its clsact
-from shaperd.backends.common.objects import ETH_P_ALL, ROOT_HANDLE, HtbClass, LeafQdisc, U32Filter
+from shaperd.backends.common.kernel_tc import htb_class_options  # noqa: F401 - shared with the ingress IFB's tree
+from shaperd.backends.common.kernel_tc import leaf_options as _leaf_options
+from shaperd.backends.common.kernel_tc import u32_options as _u32_options
+from shaperd.backends.common.objects import ETH_P_ALL, ROOT_HANDLE
 from shaperd.backends.htb import ops as htb
-from shaperd.core.units import bps_to_Bps, xmit_ticks
 from shaperd.kernel import bpf
 from shaperd.kernel.tc import (
     F_ADD, F_DEL, F_PUT, RTM_DELQDISC, RTM_DELTCLASS, RTM_DELTFILTER, RTM_NEWQDISC, RTM_NEWTCLASS, RTM_NEWTFILTER,
     TC_H_ROOT, Codec, htb_init, info, msg,
 )
-
-TC_U32_TERMINAL = 1
-TC_LINKLAYER_ETHERNET = 1
-U32_MAX = 0xFFFFFFFF
-
-
-def htb_class_options(c: HtbClass) -> dict:
-    rate, ceil = bps_to_Bps(c.rate_bps), bps_to_Bps(c.ceil_bps)
-    parms = {
-        # linklayer ethernet: the kernel then needs no rate tables (RTAB/CTAB).
-        "rate___reserved": TC_LINKLAYER_ETHERNET, "rate": min(rate, U32_MAX),
-        "ceil___reserved": TC_LINKLAYER_ETHERNET, "ceil": min(ceil, U32_MAX),
-        "buffer": xmit_ticks(c.burst_bytes, c.rate_bps), "cbuffer": xmit_ticks(c.cburst_bytes, c.ceil_bps),
-        "quantum": c.quantum_bytes, "prio": c.prio,
-    }
-    attrs = [["TCA_HTB_PARMS", parms]]
-    # Rates of 2^32 bytes/s (34.4 Gbit) and above travel in the 64-bit attributes.
-    if rate >= U32_MAX:
-        attrs.append(["TCA_HTB_RATE64", rate])
-    if ceil >= U32_MAX:
-        attrs.append(["TCA_HTB_CEIL64", ceil])
-    return {"attrs": attrs}
-
-
-def _leaf_options(q: LeafQdisc) -> dict:
-    if q.kind in ("bfifo", "pfifo"):
-        return {"limit": q.limit}
-    if q.kind == "fq_codel":
-        return {"attrs": [["TCA_FQ_CODEL_LIMIT", q.limit]]}
-    raise ValueError(f"unsupported leaf qdisc {q.kind}")
-
-
-def _u32_options(f: U32Filter) -> dict:
-    # pyroute2 shifts the offset per leading zero byte of a zero-padded mask; an all-zero mask (tc's
-    # "match u32 0 0", a scoped tenant's catch-all) must be written unpadded or it fails to parse.
-    keys = [f"0x{k.value:08x}/0x{k.mask:08x}+{k.offset}" if k.mask else f"0x0/0x0+{k.offset}" for k in f.keys]
-    attrs = [["TCA_U32_CLASSID", f.classid], ["TCA_U32_SEL", {"flags": TC_U32_TERMINAL, "keys": keys}]]
-    if f.mark is not None:
-        attrs.append(["TCA_U32_MARK", {"val": f.mark[0], "mask": f.mark[1], "success": 0}])
-    return {"attrs": attrs}
+# The HTB class, leaf and u32 options moved to backends/common/kernel_tc.py (the ingress IFB's tree uses them too).
 
 
 def _u32_filter(op: htb.AddU32Filter, fd: int | None):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from shaperd.kernel.rtnl_rows import TC_H_ROOT, FilterRow, HtbClassRow, QdiscRow
 from shaperd.backends.common.objects import (
     HANDLE_MAJOR,
+    PRIO_CHAIN_FIRST,
     ROOT_CLASS_MINOR,
     ROOT_HANDLE,
     DeviceState,
@@ -66,8 +67,11 @@ def _with_class_chains(st: DeviceState, inner: list[int], chain_rows: list[Obser
     u32 keeps one hash-table list per qdisc and its dump walks every table of
     the dumped prio, whichever chain created it, so one u32 node can appear in
     several chains' dumps. Node handles are unique per qdisc: keep each node
-    once, in the chain of the class whose child it targets (shaperd puts a
-    filter in an inner class's chain only towards that class's own leaves).
+    once, in the chain of the class whose child it targets where its prio is
+    an inner chain's (PRIO_CHAIN_FIRST and above: shaperd puts a filter in an
+    inner class's chain only towards that class's own leaves), else in the
+    root's (a root filter may send a capped pod straight to its leaf under an
+    inner tenant class: backends/htb/pods.py).
     """
     out: dict[tuple, ObservedFilter] = {}
     for f in st.filters + chain_rows:
@@ -76,7 +80,8 @@ def _with_class_chains(st: DeviceState, inner: list[int], chain_rows: list[Obser
             out.setdefault(key + (f.parent,), f)
             continue
         target = st.classes.get(f.classid)
-        parent = target.parent if target is not None and target.parent in inner else ROOT_HANDLE
+        in_chain = f.prio >= PRIO_CHAIN_FIRST and target is not None and target.parent in inner
+        parent = target.parent if in_chain else ROOT_HANDLE
         out[key] = f._replace(parent=parent)
     return list(out.values())
 

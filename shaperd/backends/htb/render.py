@@ -47,12 +47,19 @@ def device_commands(dp: DevicePlan) -> list[list[str]]:
     return cmds
 
 
-def comments(dp: DevicePlan, marks=()) -> list[str]:
+def comments(dp: DevicePlan, marks=(), pods=()) -> list[str]:
     out = [f"# device {dp.device}: capacity {tc_rate(dp.capacity_bps)}"]
     if dp.root.offload:  # why not: the plan's warnings (where offload was wanted) and status
         out.append(f"# htb offload: on ({dp.offload_why})")
     for name, cid in sorted(dp.tenant_classes.items()):
         out.append(f"# tenant {name} -> class {fmt_handle(cid)}")
+    by_id = {c.classid: c for c in dp.classes}
+    for p in pods:  # backends/htb/pods.py
+        c = by_id.get(p.classid)
+        if c is not None:
+            out.append(f"# capped pod {p.ref} ({'tenant ' + p.tenant if p.tenant else 'no tenant'}): egress-bandwidth "
+                       f"{tc_rate(p.cap_bps)} -> class {fmt_handle(p.classid)} (rate {tc_rate(c.rate_bps)}, ceil "
+                       f"{tc_rate(c.ceil_bps)})")
     for d in dp.dst_scopes:
         out.append(f"# destination scope: class {fmt_handle(d.tenant_classid)} towards {d.prefix} -> class "
                    f"{fmt_handle(d.classid)} (the tenant's other traffic: its rest leaf)")
@@ -82,7 +89,9 @@ def comments(dp: DevicePlan, marks=()) -> list[str]:
             out.append(f"#   map {role}: {', '.join(shown)}{more}")
     for m in marks:
         out.append(f"# mark program {m.name} on {m.ifname} ingress (clsact, prio 0x7368): "
-                   f"mark 0x{m.value:x}/0x{m.mask:x} for tenant {m.tenant} [{', '.join(m.pods)}]")
+                   f"mark 0x{m.value:x}/0x{m.mask:x} for "
+                   + (f"capped pod {m.pod} ({'tenant ' + m.tenant if m.tenant else 'no tenant'})" if m.pod
+                      else f"tenant {m.tenant} [{', '.join(m.pods)}]"))
     return out
 
 
@@ -90,7 +99,7 @@ def render(plan: HtbPlan, marks=()) -> str:
     """The plan as tc commands; ``marks`` (the marks backend's programs) are listed in the first device's comments."""
     lines: list[str] = []
     for i, dp in enumerate(plan.devices):
-        lines.extend(comments(dp, marks if i == 0 else ()))
+        lines.extend(comments(dp, marks if i == 0 else (), plan.pods))
         lines.extend("tc " + " ".join(c) for c in device_commands(dp))
         lines.append("")
     return "\n".join(lines)

@@ -10,7 +10,20 @@ per scope and a "rest" leaf:
 - rest leaf: ceil = the tenant's limit, rate = the guarantee left over.
 
 So the scope's limit caps the traffic towards it; the tenant's other traffic
-keeps the tenant's own limit; the tenant's limit caps both together.
+keeps the tenant's own limit; the tenant's limit caps both together. Capped
+pods (pods.py) are leaves of the same inner class and take their equal share
+of the guarantee beside the scopes.
+
+A capped pod's traffic towards a scoped destination goes to the scope's leaf,
+not to the pod's: the scope's cap holds for the whole tenant, capped pods
+included, and the pod's cap bounds its traffic to every other destination
+(HTB puts a packet in one leaf, and the scope and the pod are two aggregates
+that overlap). The map classifier does it with destination entries keyed by
+the pod's class (``DstScope(pod class, prefix, scope leaf)``); the u32 path
+classifies the pod to its tenant's class, whose chain tries the scopes first,
+then the capped pods' source addresses, then "rest" (so on u32 a capped pod
+whose packets no longer carry its address, after masquerade, lands in "rest":
+its tenant's caps hold, its own does not).
 
 Realised for every classifier at once: HTB runs an inner class's own filter
 chain for any packet classified to it (htb_classify: filters, or
@@ -27,6 +40,7 @@ from __future__ import annotations
 
 from shaperd.core.config import Tenant
 from shaperd.core.ids import assign_minors
+from shaperd.backends.htb.pods import MIN_POD_RATE_BPS, pod_rate
 from shaperd.backends.common.objects import (
     ETH_P_ALL,
     ETH_P_IP,
@@ -59,15 +73,18 @@ def scope_minors(tenants, tenant_minors: dict[str, int]) -> dict[str, int]:
 
 
 def scoped_tenant(
-    t: Tenant, tenant_cls: HtbClass, minors: dict[str, int], make_class
+    t: Tenant, tenant_cls: HtbClass, minors: dict[str, int], make_class, pod_leaves=(), rest_cid: int | None = None,
 ) -> tuple[list[HtbClass], list[U32Filter], list[DstScope]]:
-    """The leaves under a scoped tenant's class, the filters of its chain, and its DstScopes.
+    """The leaves under an inner tenant class, the filters of its chain, and its DstScopes.
 
     ``make_class(cid, parent, rate_bps, ceil_bps, prio, tenant)`` sizes a class as the planner does.
+    ``pod_leaves``: (classid, ceil_bps) of the tenant's capped pods (pods.py): the guarantee is shared
+    among scopes, pods and rest alike (``g // (scopes + pods + 1)``; with no pod, as before).
+    ``rest_cid``: the rest leaf of a tenant with pods and no scope (pods.tree_minors); else its scope name's.
     """
     names = scope_names(t)
     g, ceil = tenant_cls.rate_bps, tenant_cls.ceil_bps
-    share = g // (len(t.destinations) + 1)
+    share = g // (len(t.destinations) + len(pod_leaves) + 1)
     classes: list[HtbClass] = []
     filters: list[U32Filter] = []
     scopes: list[DstScope] = []
@@ -83,9 +100,13 @@ def scoped_tenant(
             filters.append(U32Filter(prio=scope_prio(net), protocol=ETH_P_IP if net.version == 4 else ETH_P_IPV6,
                                      classid=cid, keys=dst_prefix_keys(net), prefix=f"dst {net}",
                                      parent=tenant_cls.classid))
-    rest = classid(minors[names[0]])
-    classes.insert(0, make_class(rest, tenant_cls.classid, max(MIN_SCOPE_RATE_BPS, g - used), ceil,
-                                 tenant_cls.prio, t.name))
+    for cid, pod_ceil in pod_leaves:
+        rate = pod_rate(share, min(pod_ceil, ceil))
+        used += rate
+        classes.append(make_class(cid, tenant_cls.classid, rate, min(pod_ceil, ceil), tenant_cls.prio, t.name))
+    rest = rest_cid if rest_cid is not None else classid(minors[names[0]])
+    floor = MIN_SCOPE_RATE_BPS if t.destinations else MIN_POD_RATE_BPS
+    classes.insert(0, make_class(rest, tenant_cls.classid, max(floor, g - used), ceil, tenant_cls.prio, t.name))
     filters.append(U32Filter(prio=PRIO_SCOPE_REST, protocol=ETH_P_ALL, classid=rest, keys=(U32Key(0, 0, 0),),  # tc's "match u32 0 0"
                              prefix="rest", parent=tenant_cls.classid))
     return classes, filters, scopes

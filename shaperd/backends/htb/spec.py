@@ -8,9 +8,13 @@ from shaperd.core.protocol import BackendSpec, NodeContext
 
 
 def _factory(ctx: NodeContext):
+    from shaperd.backends.htb import podlabels
     from shaperd.backends.htb.backend import HtbBackend
 
-    return HtbBackend(ctx.writer, take_over=ctx.take_over, pins=ctx.classifier_pins)
+    # The writer's namespace names the file where the context gives none (a reconciler built in a test).
+    netns = ctx.netns if ctx.netns is not None else getattr(ctx.writer, "netns", None)
+    labels = podlabels.path_for(ctx.roots.run, netns) if ctx.roots is not None and ctx.writer is not None else None
+    return HtbBackend(ctx.writer, take_over=ctx.take_over, pins=ctx.classifier_pins, labels_file=labels)
 
 
 def _metrics(metrics, backend, _job) -> None:

@@ -2,9 +2,11 @@
 
 Reads HTB class counters (twice, a short window apart, in status) and labels classes with tenant
 names from the tenants file (class ids are derived from names, so no saved state is needed);
-without a readable tenants file classes are shown by id. A second section says which classifier
+without a readable tenants file classes are shown by id. Capped pods' classes (derived from pod
+uids, which status does not know) are labelled from the file the applying process keeps
+(podlabels.py) and shown under their tenant, with their cap. A second section says which classifier
 path each shaped device uses (classifier_status.py). The top plane feeds the same counters to
-top's accounting. Reads only.
+top's accounting, pods' classes as rows of their own. Reads only.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class Row:
     backlog_bytes: int
     borrowing: bool  # sending above its guarantee, on bandwidth lent by the parent
     borrows: int
+    # A capped pod's own class: its namespace/name and its annotation's cap (bit/s); None for other classes.
+    pod: str | None = None
+    cap_bps: int | None = None
 
 
 def class_labels(config_path: str | None) -> dict[int, str]:
@@ -71,32 +76,62 @@ def sample(reader) -> dict[tuple[str, int], object]:
     return read_counters(reader)
 
 
-def rows(prev: dict, cur: dict, window_s: float, labels: dict[int, str]) -> list[Row]:
+def pod_labels(inp) -> tuple[dict[int, dict], dict[int, str]]:
+    """The capped pods' classes and their tenants' rest leaves, as the applying process recorded them."""
+    from shaperd.backends.htb import podlabels
+
+    return podlabels.read(podlabels.path_for(getattr(inp, "run_root", "/run"), getattr(inp, "netns", None)))
+
+
+def rows(prev: dict, cur: dict, window_s: float, labels: dict[int, str], pods: dict[int, dict] | None = None) -> list[Row]:
+    """One row per class; a capped pod's (``pods``: classid -> podlabels entry) right after its tenant's
+    class on the same device (a pod of no tenant after the default class)."""
+    pods = pods or {}
     out = []
     for (dev, cid), st in sorted(cur.items()):
         before = prev.get((dev, cid))
         rate = None
         if before is not None and window_s > 0 and st.bytes >= before.bytes:
             rate = (st.bytes - before.bytes) * 8 / window_s
+        pod = pods.get(cid)
         out.append(
             Row(
-                device=dev, tenant=labels.get(cid, "?"), classid=fmt_handle(cid),
+                device=dev, tenant=(pod["tenant"] or "") if pod else labels.get(cid, "?"), classid=fmt_handle(cid),
                 guarantee_bps=st.rate_Bps * 8, limit_bps=st.ceil_Bps * 8, rate_bps=rate,
                 bytes=st.bytes, packets=st.packets, drops=st.drops, overlimits=st.overlimits,
                 backlog_bytes=st.backlog_bytes,
                 borrowing=rate is not None and rate > st.rate_Bps * 8 * 1.01 and cid & 0xFFFF != ROOT_CLASS_MINOR,
                 borrows=st.borrows,
+                pod=pod["pod"] if pod else None, cap_bps=pod.get("cap_bps") if pod else None,
             )
         )
-    return out
+    return _pods_under_tenants(out)
+
+
+def _pods_under_tenants(rs: list[Row]) -> list[Row]:
+    """Pod rows moved right after the row of their tenant's class (or the default class) on their device."""
+    pods = [r for r in rs if r.pod is not None]
+    if not pods:
+        return rs
+    out = []
+    for r in rs:
+        if r.pod is not None:
+            continue
+        out.append(r)
+        parent = "(default)" if r.tenant == "(default)" else r.tenant
+        out.extend(sorted((p for p in pods if p.device == r.device and (p.tenant or "(default)") == parent),
+                          key=lambda p: p.pod))
+    placed = {id(r) for r in out}
+    return out + [p for p in pods if id(p) not in placed]  # a tenant no longer in the tenants file: at the end
 
 
 def render_table(rs: list[Row], empty_note: str = "(no device carries shaperd's qdisc)") -> str:
     head = ("DEVICE", "TENANT", "CLASS", "GUARANTEE", "LIMIT", "RATE", "BYTES", "PACKETS", "DROPS", "OVERLIMITS", "BORROWING")
     lines = [head]
     for r in rs:
+        who = r.tenant if r.pod is None else f"  pod {r.pod}" + (f" (cap {format_rate(r.cap_bps)})" if r.cap_bps else "")
         lines.append((
-            r.device, r.tenant, r.classid, format_rate(r.guarantee_bps), format_rate(r.limit_bps),
+            r.device, who, r.classid, format_rate(r.guarantee_bps), format_rate(r.limit_bps),
             "-" if r.rate_bps is None else format_rate(int(r.rate_bps)),
             str(r.bytes), str(r.packets), str(r.drops), str(r.overlimits), "yes" if r.borrowing else "no",
         ))
@@ -114,6 +149,7 @@ class ClassesSection(StatusSection):
     key = "classes"
 
     def __init__(self, inp):
+        self.inp = inp
         self.labels = class_labels(inp.config_path)
         self.prev: dict = {}
         self.cur: dict = {}
@@ -124,7 +160,9 @@ class ClassesSection(StatusSection):
         self.cur, self.t1 = sample(reader), time.monotonic()
 
     def collect(self, reader) -> dict:
-        self.rows = rows(self.prev, self.cur, self.t1 - self.t0, self.labels)
+        pods, rests = pod_labels(self.inp)  # read per window: pods come and go under --watch
+        labels = {**self.labels, **{cid: f"{t}/rest" for cid, t in rests.items()}}
+        self.rows = rows(self.prev, self.cur, self.t1 - self.t0, labels, pods)
         return {"classes": [asdict(r) for r in self.rows]}
 
     def render(self, doc: dict) -> str:
@@ -167,12 +205,18 @@ class TopPlane:
     name = "htb"
 
     def __init__(self, inp):
+        self.inp = inp
         self.labels = class_labels(inp.config_path)
 
     def sample(self, reader) -> tuple[dict, dict]:
         stats = sample(reader)
+        pods, _ = pod_labels(self.inp)  # per sample: pods come and go while top runs
         targets = {k: ClassTarget(self.labels[k[1]], k[0], k[1]) for k in stats
                    if k[1] in self.labels and not self.labels[k[1]].startswith("(")}
+        for k in stats:  # capped pods' classes: rows of their own, under their tenant (report/top.py)
+            pod = pods.get(k[1])
+            if pod is not None:
+                targets[k] = ClassTarget(pod.get("tenant") or "", k[0], k[1], pod=pod["pod"])
         return stats, targets
 
     def backlog(self, series) -> tuple[int | None, int | None]:

@@ -35,7 +35,9 @@ class MarksBackend:
         return marks_plan.plan(ctx.config, ctx.inventory, ctx.tenancy)
 
     def observe(self, reads, inv: Inventory) -> MarksObserved:
-        clsact = frozenset(q.ifindex for q in reads.all_qdiscs() if q.kind == "clsact")
+        qdiscs = reads.all_qdiscs()
+        clsact = frozenset(q.ifindex for q in qdiscs if q.kind == "clsact")
+        ingress_qdisc = frozenset(q.ifindex for q in qdiscs if q.kind == "ingress")
         names = {l.ifindex: l.name for l in inv.links}
         found: dict[int, ObservedMark] = {}
         errors: dict[int, str] = {}
@@ -49,7 +51,7 @@ class MarksBackend:
             for f in filters:
                 if self.owns_clsact_filter(f):
                     found[idx] = ObservedMark(idx, f.name, f.handle)
-        return MarksObserved(marks=found, clsact=clsact, names=names, errors=errors)
+        return MarksObserved(marks=found, clsact=clsact, names=names, errors=errors, ingress_qdisc=ingress_qdisc)
 
     def owns_clsact_filter(self, row) -> bool:
         """A mark program: ingress, bpf at PRIO_MARK_INGRESS, named shpdm_*."""
@@ -57,7 +59,7 @@ class MarksBackend:
                 and row.name.startswith(PROGRAM_PREFIX))
 
     def diff(self, desired: MarksPlan, observed: MarksObserved) -> list[TargetDiff]:
-        return [marks_plan.diff(desired, observed)]
+        return [marks_plan.diff(desired, observed)] + marks_plan.blocked(desired, observed)
 
     def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
         return tc.apply_ops(self.writer, diff.ops, batch=batch, codec=kernel_tc.CODEC)

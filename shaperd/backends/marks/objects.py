@@ -30,6 +30,8 @@ class MarkFilter:
     name: str
     tenant: str = field(default="", compare=False)
     pods: tuple[str, ...] = field(default=(), compare=False)
+    # The capped pod whose own mark this is (namespace/name), "" for a tenant's mark.
+    pod: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class MarksPlan:
 class MarksObserved:
     marks: dict[int, ObservedMark] = field(default_factory=dict)
     clsact: frozenset[int] = frozenset()  # interfaces that have a clsact qdisc
+    # Interfaces whose ingress hook holds a classic ``ingress`` qdisc (the CNI bandwidth plugin's egress side
+    # puts one there, with a redirect to its bwp* IFB): clsact cannot be added beside it, so no mark is set.
+    ingress_qdisc: frozenset[int] = frozenset()
     names: dict[int, str] = field(default_factory=dict)
     # ifindex -> why its clsact ingress filters could not be read (a teardown fails on it; a reconcile
     # sets the mark again where one is wanted).

@@ -180,7 +180,7 @@ def check_ingress_sum(capacity_bps: int, reserve_bps: int | None, tenants, bad, 
     if total and total + reserve > capacity_bps:
         how = "node.reserve" if reserve_bps is not None else "the default reserve (1 % of capacity)"
         bad(
-            "tenants",
+            "tenants[].ingress.bandwidthGuarantee",
             f"the sum of ingress guarantees {format_rate(total)} plus {how} {format_rate(reserve)} is above "
             f"{where} {format_rate(capacity_bps)}; expected at most the capacity",
         )

@@ -191,17 +191,17 @@ class _Validator:
         m = self.mapping(obj, path)
         if m is None:
             return None
+        before = len(self.problems)
         self.keys(m, _INGRESS_KEYS, path)
-        if not m:
-            self.bad(path, "expected bandwidthGuarantee and/or bandwidthLimit (rates such as '150Mbps')")
-            return None
         guarantee = self.rate(m.get("bandwidthGuarantee"), f"{path}.bandwidthGuarantee", required=False)
         limit = self.rate(m.get("bandwidthLimit"), f"{path}.bandwidthLimit", required=False)
+        if guarantee is None and limit is None:
+            if len(self.problems) == before:  # {} or only nulls: a block that asks for nothing is a mistake
+                self.bad(path, "expected bandwidthGuarantee and/or bandwidthLimit (rates such as '150Mbps')")
+            return None
         if guarantee is not None and limit is not None and guarantee > limit:
             self.bad(f"{path}.bandwidthGuarantee", f"guarantee {format_rate(guarantee)} is above the limit "
                      f"{format_rate(limit)}; expected guarantee <= limit")
-        if guarantee is None and limit is None:
-            return None
         return Ingress(guarantee_bps=guarantee, limit_bps=limit)
 
     def destinations(self, obj: Any, path: str) -> tuple[Destination, ...]:

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shaperd.core.podcaps import ANNOTATIONS
+from shaperd.core.podcaps import ANNOTATIONS, NotAString
 from shaperd.discovery.kubernetes.errors import PodParseError
 
 # Volcano: the pod's PodGroup, and the queue-name fallbacks (label or annotation).
@@ -141,12 +141,20 @@ class PodInfo:
         kept = {k: v for k, v in ann.items() if k in KEPT_ANNOTATIONS and isinstance(v, str)}
         for k in BANDWIDTH_ANNOTATIONS:  # a non-string value is reported as refused (podcaps), not dropped
             if k in ann and not isinstance(ann[k], str):
-                kept[k] = json.dumps(ann[k])
+                kept[k] = NotAString(_json_text(ann[k]))
         return cls(
             uid=uid, namespace=ns, name=name, labels=FrozenMap(labels), ips=tuple(ips),
             host_network=host_network, qos_class=qos or None, phase=phase, node=node,
             annotations=FrozenMap(kept),
         )
+
+
+def _json_text(v: Any) -> str:
+    """A wire value as JSON text (what the server sent), for a refusal that names it."""
+    try:
+        return json.dumps(v, sort_keys=True)
+    except (TypeError, ValueError):  # not from a JSON parser: a test's object, an int too long for str()
+        return f"<{type(v).__name__}>"
 
 
 def _opt_dict(obj: dict, key: str, fail) -> dict:
