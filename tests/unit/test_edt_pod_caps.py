@@ -29,12 +29,12 @@ LINK = Link("eth0", 2, speed_bps=10**9, tx_queues=4)  # 980 Mbit/s shaped
 M = 1_000_000
 
 
-def cfg(scoped: bool = False):
+def cfg(scoped: bool = False, dataplane: str = "edt"):
     batch = {"name": "batch", "bandwidthGuarantee": "100Mbps", "bandwidthLimit": "300Mbps",
              "match": {"namespaces": ["batch"]}}
     if scoped:
         batch["destinations"] = [{"cidrs": ["198.19.0.0/16"], "bandwidthLimit": "50Mbps"}]
-    return config.from_dict({"node": {"interfaces": ["eth0"], "dataplane": "edt"}, "tenants": [
+    return config.from_dict({"node": {"interfaces": ["eth0"], "dataplane": dataplane}, "tenants": [
         {"name": "train", "bandwidthGuarantee": "500Mbps", "bandwidthLimit": "800Mbps",
          "match": {"namespaces": ["train"]}}, batch]})
 
@@ -257,3 +257,16 @@ def test_pod_keys_are_unique_never_a_tenants_within_limits_and_independent_of_po
     for q in dp.pods:
         assert q.parent in shares and q.rate_bps <= min(q.cap_bps, shares[q.parent].limit_bps, dp.capacity_bps)
         assert q.rate_bps == min(q.cap_bps, shares[q.parent].limit_bps, dp.capacity_bps)
+
+
+@pytest.mark.parametrize("scoped", [False, True])
+def test_the_same_pod_gets_the_same_class_id_on_htb_and_on_edt(scoped):
+    """The shared decision, across the two planners: a pod's class id does not depend on its uplink's plane."""
+    from shaperd.backends.htb.plan import plan as htb_plan
+
+    c, c_htb = cfg(scoped=scoped), cfg(scoped=scoped, dataplane="htb")
+    inv = Inventory(links=(LINK,), pods=PODS, capabilities=CAPS)
+    hp = htb_plan(c_htb, inv, ten=tenancy(c_htb, inv))
+    (dp,) = edt_plan.plan(c, inv, tenancy(c, inv)).devices
+    assert len(hp.pods) == 3
+    assert {p.uid: p.classid for p in hp.pods} == {q.uid: classid(q.key) for q in dp.pods}
