@@ -44,6 +44,9 @@ KINDS: dict[str, str | None] = {
     "sch_htb": "CONFIG_NET_SCH_HTB",
     "cls_bpf": "CONFIG_NET_CLS_BPF",
     "cls_u32": "CONFIG_NET_CLS_U32",
+    # The tenant-ingress path (backends/ingress): the IFB device and the mirred action that feeds it.
+    "ifb": "CONFIG_IFB",
+    "act_mirred": "CONFIG_NET_ACT_MIRRED",
 }
 _KO = re.compile(r"\.ko(\.(xz|zst|gz))?$")
 _MAX_FILE_BYTES = 16 << 20  # modules.dep of a distribution kernel is ~1 MiB; a bound, not a limit expected to bite

@@ -8,7 +8,8 @@ Topology (one netns each, all names prefixed by a per-run id)::
 
 * ``node`` is the shaped host: shaperd (or hand ``tc``) programs its uplink.
 * ``wire`` emulates the physical NIC's fixed capacity: a TBF at the link rate
-  on its egress towards ``recv``.  ACKs flow back unshaped.
+  on its egress towards ``recv``.  ACKs flow back unshaped (with
+  ``BedConfig.inbound_link``, the same TBF towards the node, for traffic to the pods).
 * ``recv`` runs the iperf3 servers (one port per tenant and measurement).
 
 Namespaces, veths, processes and their removal are :mod:`.netns`'s (one
@@ -89,6 +90,12 @@ class BedConfig:
     tbf_burst_bytes: int | None = None   # default: max(64 KiB + MTU, 1 ms at rate)
     tbf_queue_ms: float = 5.0            # NIC ring/queue depth expressed in time
     run_id: str | None = None
+    # More pod namespaces, built like the tenants' but no tenant of the isolation scenarios (which
+    # iterate ``tenants`` only): bench/pod_caps.py's annotated pods beside the isolation tenants.
+    extra_pods: tuple[TenantSpec, ...] = ()
+    # Also emulate the link towards the node: the same TBF on the wire's egress to the uplink, so
+    # traffic from ``recv`` to the pods (iperf3 -R) crosses a link of the same capacity.
+    inbound_link: bool = False
 
     def tbf_burst(self) -> int:
         if self.tbf_burst_bytes:
@@ -124,15 +131,15 @@ class Bed:
         rid = self.run_id
         self.ns: dict[str, str] = {"node": f"{NS_PREFIX}{rid}-node", "wire": f"{NS_PREFIX}{rid}-wire",
                                    "recv": f"{NS_PREFIX}{rid}-recv"}
-        for t in self.config.tenants:
+        for t in self.pods:
             self.ns[f"pod-{t.short}"] = f"{NS_PREFIX}{rid}-pod-{t.short}"
         # interface names (<= 15 chars), all carry the run id
         self.uplink = f"up-{rid}"
         self.wire_in = f"wi-{rid}"
         self.wire_out = f"wo-{rid}"
         self.recv_if = f"rx-{rid}"
-        self.pod_if = {t.short: f"p{t.short}-{rid}" for t in self.config.tenants}
-        self.node_if = {t.short: f"n{t.short}-{rid}" for t in self.config.tenants}
+        self.pod_if = {t.short: f"p{t.short}-{rid}" for t in self.pods}
+        self.node_if = {t.short: f"n{t.short}-{rid}" for t in self.pods}
         self.nets = netns.Namespaces()
         self.procs = self.nets.procs
         self.workdir = f"/tmp/shaperd-bed-{rid}"
@@ -147,8 +154,13 @@ class Bed:
     def link_bps(self) -> int:
         return self.config.link_mbit * MBIT
 
+    @property
+    def pods(self) -> tuple[TenantSpec, ...]:
+        """Every pod namespace: the tenants' and the extra pods."""
+        return (*self.config.tenants, *self.config.extra_pods)
+
     def tenant(self, short_or_name: str) -> TenantSpec:
-        for t in self.config.tenants:
+        for t in self.pods:
             if short_or_name in (t.short, t.name):
                 return t
         raise KeyError(short_or_name)
@@ -188,7 +200,7 @@ class Bed:
         for ns in self.ns.values():
             self.nets.add(ns, ipv6=False)
         node, wire, recv = self.ns["node"], self.ns["wire"], self.ns["recv"]
-        for t in self.config.tenants:
+        for t in self.pods:
             pod = self.pod_ns(t)
             pif, nif = self.pod_if[t.short], self.node_if[t.short]
             netns.veth(pif, pod, nif, node)
@@ -202,7 +214,7 @@ class Bed:
         netns.addr(wire, self.wire_out, f"{RECV_GW}/{RECV_PLEN}")
         netns.addr(recv, self.recv_if, f"{RECV_ADDR}/{RECV_PLEN}")
         run([IP, "route", "add", "default", "via", UPLINK_WIRE], node)
-        for t in self.config.tenants:
+        for t in self.pods:
             run([IP, "route", "add", t.cidr, "via", UPLINK_NODE], wire)
         run([IP, "route", "add", "default", "via", RECV_GW], recv)
         for ns in (node, wire):
@@ -213,9 +225,10 @@ class Bed:
     def set_wire_rate(self, mbit: int) -> None:
         """(Re)program the wire's TBF: the emulated NIC capacity."""
         cfg = self.config
-        run([TC, "qdisc", "replace", "dev", self.wire_out, "root", "handle", "1:", "tbf",
-             "rate", f"{mbit}mbit", "burst", str(cfg.tbf_burst()), "limit", str(cfg.tbf_limit())],
-            self.ns["wire"])
+        for dev in (self.wire_out, self.wire_in) if cfg.inbound_link else (self.wire_out,):
+            run([TC, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "tbf",
+                 "rate", f"{mbit}mbit", "burst", str(cfg.tbf_burst()), "limit", str(cfg.tbf_limit())],
+                self.ns["wire"])
 
     def teardown(self) -> None:
         """Remove everything the bed made.  Idempotent, never raises on leftovers.

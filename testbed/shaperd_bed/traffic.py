@@ -5,7 +5,9 @@ offset) and waited for together:
 
 * :class:`TcpLoad`  - ``iperf3 -c`` in a tenant pod with ``-P streams``, against
   a fresh one-off ``iperf3 -s -1`` in ``recv`` (one port per load); goodput is
-  the receiver's ``end.sum_received``, samples are the server's intervals.
+  the receiver's ``end.sum_received``, samples are the server's intervals
+  (with ``reverse``, ``-R``: ``recv`` sends, the pod receives, samples are the
+  client's).
 * :class:`UdpFlood` - :mod:`.udp` sender (UDP GSO, paced) plus counting sink.
 * :class:`RttProbe` - iputils ``ping`` from a pod to ``recv``.
 
@@ -41,6 +43,7 @@ class TcpLoad:
     interval: float = 0.1     # reporting interval (server and client)
     omit: float = 0.0         # iperf3 -O: seconds of warm-up left out of the totals
     label: str | None = None
+    reverse: bool = False     # iperf3 -R: ``recv`` sends to the pod (what the pod receives from outside)
 
     @property
     def key(self) -> str:
@@ -161,6 +164,8 @@ def measure(bed: "Bed", loads: list[Load], *, name: str = "m", slack: float = 20
                         "-t", _fmt_num(ld.duration), "-P", str(ld.streams), "-i", _fmt_num(ld.interval)]
                 if ld.omit:
                     argv += ["-O", _fmt_num(ld.omit)]
+                if ld.reverse:
+                    argv.append("-R")
                 ext = "client.json"
             elif isinstance(ld, UdpFlood):
                 argv = [sys.executable, UDP_SCRIPT, "send", "--dst", bed.recv_addr,
@@ -196,7 +201,8 @@ def measure(bed: "Bed", loads: list[Load], *, name: str = "m", slack: float = 20
         if isinstance(ld, TcpLoad):
             spath = servers[ld.key][1]
             try:
-                res = parse_iperf(text, _read(spath) or None)
+                # -R: the client is the receiver; its own intervals are the receiver's samples
+                res = parse_iperf(text, None if ld.reverse else (_read(spath) or None))
             except (ValueError, KeyError) as e:
                 raise TrafficError(f"{ld.key}: cannot parse iperf3 output: {e}: {text[:300]!r}") from e
             res.offset = offset

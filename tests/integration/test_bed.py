@@ -364,3 +364,28 @@ def test_demo_json_short_run():
     doc = json.loads(p.stdout)
     assert {r["scenario"] + "/" + r["mode"] for r in doc["results"]} >= {"alone/none", "latency/hand-tc"}
     assert not [n for n in list_netns() if doc["run_id"] in n]
+
+
+def test_extra_pods_inbound_link_and_reverse_load():
+    """``extra_pods``: pod namespaces beside the tenants' that are no tenant; ``inbound_link``: the wire's TBF
+    towards the node too; ``TcpLoad(reverse=True)``: recv sends, the pod receives (bench/pod_caps.py's ingress)."""
+    import json
+
+    from shaperd_bed.topology import TenantSpec
+
+    extra = TenantSpec("x", "x", 9, 0.0, 0.0, 0, 5209)
+    with Bed(BedConfig(link_mbit=1000, extra_pods=(extra,), inbound_link=True)) as b:
+        assert [t.short for t in b.config.tenants] == ["a", "b"] and b.tenant("x") == extra
+        tbf = b.exec("wire", ["tc", "qdisc", "show", "dev", b.wire_in]).stdout
+        assert "tbf" in tbf and "rate 1Gbit" in tbf
+
+        def inbound_bytes() -> int:
+            qs = json.loads(b.exec("wire", ["tc", "-s", "-j", "qdisc", "show", "dev", b.wire_in]).stdout)
+            return sum(q["bytes"] for q in qs if q.get("root"))
+
+        before = inbound_bytes()
+        r = measure(b, [TcpLoad("x", 2, 1.0, interval=0.5, reverse=True)], name="reverse")
+        assert r["x"].received_bps > 0
+        # what the pod received crossed the wire towards the node (as many bytes at least)
+        assert inbound_bytes() - before >= r["x"].received_bps * r["x"].duration / 8
+    _assert_gone(b)

@@ -52,6 +52,7 @@ class FakePod:
     qos_class: str | None = "BestEffort"
     phase: str = "Running"
     node: str = "node-1"
+    annotations: dict = field(default_factory=dict)
 
 
 @pytest.fixture
@@ -177,6 +178,66 @@ def test_vxlan_encapsulated_pod_traffic(node):
     n.send(ns, "198.18.99.2", 400, 30)  # to a "remote pod" behind the overlay
     # Outer headers: Ethernet 14 + IP 20 + UDP 8 + VXLAN 8 + inner Ethernet 14, then inner IP+UDP 28.
     assert delta(before, n.counters(), A) == (30, 30 * (400 + 28 + 14 + 50))
+
+
+def _pod_class(n, uid):
+    """The capped pod's own class id, as the htb plan made it (the same on every uplink)."""
+    htb = n.rec.plan(n.cfg).desired["htb"]
+    return next(p.classid for p in htb.pods if p.uid == uid)
+
+
+@pytest.mark.parametrize("layout", ["bridged-dual-stack", "masqueraded", "vxlan"])
+def test_a_capped_pod_lands_in_its_own_class_in_every_layout(node, layout):
+    """The layouts above, the pod annotated kubernetes.io/egress-bandwidth: its bytes (IPv4 and IPv6 where it
+    has both; masqueraded, so only its mark tells it; encapsulated, so only its interface or mark survive) land
+    in its own class under its tenant's, and none in the tenant's rest leaf."""
+    n = node
+    ann = {"kubernetes.io/egress-bandwidth": "100M"}
+    if layout == "bridged-dual-stack":
+        run("ip", "-n", n.bed.node, "link", "add", "cni0", "type", "bridge")
+        run("ip", "-n", n.bed.node, "addr", "add", "198.18.21.1/24", "dev", "cni0")
+        run("ip", "-n", n.bed.node, "addr", "add", "2001:db8:21::1/64", "dev", "cni0", "nodad")
+        run("ip", "-n", n.bed.node, "link", "set", "cni0", "up")
+        ns = veth_pod(n, "b", "vethb1", ["198.18.21.2/24", "2001:db8:21::2/64"],
+                      routes=["default via 198.18.21.1", "-6 default via 2001:db8:21::1"])
+        run("ip", "-n", n.bed.node, "link", "set", "vethb1", "master", "cni0")
+        n.bed.exec("ping", "-c", "1", "-W", "1", "198.18.21.1", ns=ns, check=False)
+        n.pods.append(FakePod("uid-b", "team-b", "loader-0", {}, ("198.18.21.2", "2001:db8:21::2"), annotations=ann))
+        sends, uid, tenant = [("198.18.0.2", 700, 50), ("2001:db8:1::2", 600, 30)], "uid-b", B
+    elif layout == "masqueraded":
+        if not shutil.which("nft"):
+            pytest.skip("needs nft for masquerade")
+        ns = veth_pod(n, "m", "vethm1", ["198.18.22.2/24"], ["198.18.22.1/24"], ["default via 198.18.22.1"])
+        rules = "table ip shpdtest { chain post { type nat hook postrouting priority 100; oifname \"up0\" masquerade; }; }"
+        subprocess.run(["ip", "netns", "exec", n.bed.node, "nft", "-f", "-"], input=rules, text=True, check=True)
+        n.pods.append(FakePod("uid-m", "team-b", "ckpt-0", {}, ("198.18.22.2",), annotations=ann))
+        sends, uid, tenant = [("198.18.0.2", 500, 40)], "uid-m", B
+    else:
+        ns = veth_pod(n, "v", "vethv1", ["198.18.23.2/24"], ["198.18.23.1/24"], ["default via 198.18.23.1"])
+        run("ip", "-n", n.bed.node, "link", "add", "vx0", "type", "vxlan", "id", "42", "local", "198.18.0.1",
+            "remote", "198.18.0.2", "dstport", "4789", "dev", "up0")
+        run("ip", "-n", n.bed.node, "addr", "add", "198.18.99.1/24", "dev", "vx0")
+        run("ip", "-n", n.bed.node, "link", "set", "vx0", "up")
+        run("ip", "-n", n.bed.node, "neigh", "replace", "198.18.99.2", "lladdr", "02:00:00:00:99:02", "dev", "vx0",
+            "nud", "permanent")
+        n.pods.append(FakePod("uid-v", "team-a", "worker-1", {"training-tenant": "tenant-a"}, ("198.18.23.2",),
+                              annotations=ann))
+        sends, uid, tenant = [("198.18.99.2", 400, 30)], "uid-v", A
+    n.apply()
+    assert not any(d.ops for d in n.apply().devices)  # in sync: the second reconcile writes nothing
+    pod_cls = _pod_class(n, uid)
+    before = n.counters()
+    for dst, size, count in sends:
+        n.send(ns, dst, size, count)
+    after = n.counters()
+    sent = sum(c for _, _, c in sends)
+    got = delta(before, after, pod_cls)
+    assert sent <= got[0] <= sent + 2, (layout, got)  # at most a neighbour message of the pod's own on top
+    htb = n.rec.plan(n.cfg).desired["htb"]
+    dev = htb.device("up0")
+    assert next(c for c in dev.classes if c.classid == pod_cls).parent == tenant
+    rest = [c.classid for c in dev.classes if c.parent == tenant and c.classid != pod_cls]
+    assert rest and all(delta(before, after, r)[0] <= 2 for r in rest if r in after), (layout, rest)
 
 
 def test_host_network_pod_by_cgroup(node):

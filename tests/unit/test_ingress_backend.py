@@ -290,3 +290,20 @@ def test_before_any_plan_every_clsact_is_read_so_a_teardown_finds_a_dangling_red
     reconciling = IngressBackend(None)
     reconciling._uplinks = {"eth0"}
     assert "eth3" not in reconciling.observe(WithDangling(p), None).uplinks
+
+
+def test_probe_disables_the_backend_where_the_kernels_files_say_ifb_or_mirred_is_absent():
+    """Where the probe read the kernel's files instead of testing (no probe namespace), an absent ifb or
+    act_mirred disables tenant ingress with a note naming the module and the evidence; present or unknown
+    (verified at apply) leaves it enabled."""
+    from shaperd.core.inventory import Capabilities
+
+    b = IngressBackend(None)
+    assert b.probe(Capabilities()).enabled
+    for module in ("ifb", "act_mirred"):
+        caps = Capabilities(kinds=((module, "absent", "modules.dep of 6.1.0 lists no ifb"),))
+        s = b.probe(caps)
+        assert not s.enabled and module in s.notes[0] and "modules.dep of 6.1.0" in s.notes[0]
+        assert b.probe(Capabilities(kinds=((module, "unknown", "no evidence"),))).enabled
+        assert b.probe(Capabilities(kinds=((module, "present", "/proc/modules"),))).enabled
+    assert not b.probe(Capabilities(u32=False)).enabled

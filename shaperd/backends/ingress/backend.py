@@ -63,6 +63,10 @@ class IngressBackend:
         if not caps.htb or not caps.u32:
             return Support(False, ("tenant ingress needs sch_htb and cls_u32 (the redirect to the IFB is a u32 "
                                    "filter with a mirred action)",))
+        for module, what in (("ifb", "the IFB device"), ("act_mirred", "the mirred action that feeds the IFB")):
+            ev = caps.kind(module)  # the kernel's own files, where the probe could not test (qdisc_kinds.py)
+            if ev is not None and ev[0] == "absent":
+                return Support(False, (f"tenant ingress needs {module} ({what}), which this kernel lacks: {ev[1]}",))
         return Support(True)
 
     def wanted(self, ctx: PlanInput) -> bool:
