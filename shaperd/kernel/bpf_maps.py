@@ -330,12 +330,33 @@ class BpfMap:
         return self._items_walk()
 
     def _items_batched(self, chunk: int = 4096) -> dict[bytes, bytes] | None:
-        out: dict[bytes, bytes] = {}
+        raw = self._lookup_batched_raw(chunk)
+        if raw is None:
+            return None
+        keys, vals = raw
+        ks, vs = self.key_size, self.value_bytes
+        return {keys[i * ks:(i + 1) * ks]: vals[i * vs:(i + 1) * vs] for i in range(len(keys) // ks)}
+
+    def items_raw(self) -> tuple[bytes, bytes]:
+        """Every entry as two buffers, the keys and the values concatenated in the same order (``key_size`` and
+        ``value_bytes`` each): for callers that scan a large array without building 64 Ki Python objects."""
+        if self._lookup_batch_ok is not False:
+            got = self._lookup_batched_raw(max(1, min(self.max_entries, 1 << 16)))  # few syscalls for an array
+            if got is not None:
+                self._lookup_batch_ok = True
+                return got
+            self._lookup_batch_ok = False
+        walked = self._items_walk()
+        return b"".join(walked), b"".join(walked.values())
+
+    def _lookup_batched_raw(self, chunk: int = 4096) -> tuple[bytes, bytes] | None:
         ks, vs = self.key_size, self.value_bytes
         keys = ctypes.create_string_buffer(ks * chunk)
         vals = ctypes.create_string_buffer(vs * chunk)
         tok_in = ctypes.create_string_buffer(max(ks, 8))
         tok_out = ctypes.create_string_buffer(max(ks, 8))
+        out_k: list[bytes] = []
+        out_v: list[bytes] = []
         first = True
         while True:
             attr = _BatchAttr(in_batch=0 if first else ctypes.addressof(tok_in), out_batch=ctypes.addressof(tok_out),
@@ -345,11 +366,10 @@ class BpfMap:
                 if first and err in _NO_BATCH:
                     return None
                 raise BpfMapError(f"batch look up {self.label}: {os.strerror(err)}", err)
-            raw_k, raw_v = keys.raw, vals.raw
-            for i in range(attr.count):
-                out[raw_k[i * ks:(i + 1) * ks]] = raw_v[i * vs:(i + 1) * vs]
+            out_k.append(keys.raw[:attr.count * ks])
+            out_v.append(vals.raw[:attr.count * vs])
             if r < 0:  # ENOENT: that was the last chunk
-                return out
+                return b"".join(out_k), b"".join(out_v)
             ctypes.memmove(tok_in, tok_out, len(tok_out))
             first = False
 

@@ -131,3 +131,15 @@ def test_items_reads_everything_batched_or_walked_and_both_agree(kind, key):
         assert m.items() == want
     with bpf_maps.create_map(kind, len(key(0)), 4, 4, "shpd_t_empty") as e:
         assert e.items() == {}
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_items_raw_gives_every_entry_as_two_buffers_in_the_same_order_as_items(batched):
+    with bpf_maps.create_map(MAP_ARRAY, 4, 4, 70000, "shpd_t_raw") as m:  # more than one 64 Ki-entry chunk
+        m.update_batch({U32.pack(i): U32.pack(i * 7 + 1) for i in range(0, 70000, 13)})
+        if not batched:
+            m._lookup_batch_ok = False  # the walk fallback
+        keys, values = m.items_raw()
+        assert len(keys) == len(values) == 70000 * 4
+        pairs = {keys[i:i + 4]: values[i:i + 4] for i in range(0, len(keys), 4)}
+        assert pairs == m.items() and pairs[U32.pack(13)] == U32.pack(92) and pairs[U32.pack(1)] == U32.pack(0)

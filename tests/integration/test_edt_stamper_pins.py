@@ -75,7 +75,7 @@ def test_the_controller_adopts_the_stampers_maps_through_the_pins_without_by_id(
     store = bpf_pins.PinStore(pinfs, "host").sub(edt_prog.STAMPER_PINS)
     ifindex, st, prog_id = _attach(reader, writer, store)
     assert store.entries() == ["st0"]
-    assert sorted(os.listdir(store.path("st0"))) == ["map_clocks", "map_rates", "map_stats", "prog"]
+    assert sorted(os.listdir(store.path("st0"))) == ["map_clocks", "map_parents", "map_rates", "map_stats", "prog"]
     with pytest.raises(bpf_maps.BpfMapError) as by_id:  # as the agent without CAP_SYS_ADMIN sees it today
         edt_prog.open_for_device(reader, ifindex, "st0", st.name)
     assert by_id.value.errno == errno.EPERM

@@ -12,9 +12,12 @@ OUTDIR/edt.json with:
   (its guarantee, the utilisation, the time to converge); the senders mark
   their packets with SO_PRIORITY = the tenant's class id, which is what the
   map classifier (issue 11) writes into skb->priority;
+- ``pod_caps``: a capped pod and an uncapped tenant-mate of gold, then bronze
+  wakes (tests/kernel/edt_pods_guest.py);
 - with ``--bench``: the same for htb on the same bed and kernel, repeated, and
   CPU per packet (busy time from /proc/stat / packets received) with 1, 2 and
-  4 senders for both data planes.
+  4 senders for both data planes; with ``--bench --pod-caps`` only the
+  pod-caps scenario, repeated.
 
 It asserts nothing (the host's tests/kernel/test_edt.py and bench/edt_qemu.py judge).
 Every helper process runs in its own process group with a deadline and is
@@ -50,6 +53,8 @@ SENDER = r"""
 import errno, socket, sys, time
 dst, port, prio, size, start, stop = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if len(sys.argv) > 7:  # a pod's source address: the map classifier, not SO_PRIORITY, says whose packet it is
+    s.bind((sys.argv[7], 0))
 s.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, prio)
 # A deep send buffer (SO_SNDBUFFORCE, root): a Python sender under TCG is descheduled for tens of ms at a time,
 # and must keep a backlog queued meanwhile, as a real bulk sender does (the default 208 KiB is 6 datagrams).
@@ -235,16 +240,17 @@ def finish(p: subprocess.Popen, deadline_s: float) -> str:
     return out
 
 
-def traffic(bed: Bed, flows: list[tuple[int, int, float, float]], duration: float, size: int = DATAGRAM,
+def traffic(bed: Bed, flows: list[tuple], duration: float, size: int = DATAGRAM,
             on_start=None) -> dict:
-    """flows: (port, priority, start, stop) offsets from t0. Returns the receiver's bins and sender counts."""
+    """flows: (port, priority, start, stop[, source address]) offsets from t0. Returns the receiver's bins and
+    sender counts."""
     ports = sorted({f[0] for f in flows})
     rx = start(["ip", "netns", "exec", bed.peer, sys.executable, "-c", RECEIVER, ",".join(map(str, ports)),
                 str(duration), str(BIN_S)])
     senders: list[subprocess.Popen] = []
     try:
-        senders = [start(["ip", "netns", "exec", bed.node, sys.executable, "-c", SENDER, PEER_IP, str(port),
-                          str(prio), str(size), str(a), str(b)]) for port, prio, a, b in flows]
+        senders = [start(["ip", "netns", "exec", bed.node, sys.executable, "-c", SENDER, PEER_IP, str(f[0]),
+                          str(f[1]), str(size), str(f[2]), str(f[3]), *f[4:]]) for f in flows]
         wait_ready([rx, *senders])  # the receiver listens before anyone sends
         t0 = time.monotonic() + 0.2
         for p in (rx, *senders):
@@ -337,8 +343,9 @@ def status_step(bed: Bed, dataplane: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         cfg = Path(d) / "tenants.yaml"
         cfg.write_text(tenants_yaml(dataplane))
+        # 120 s: under TCG the command's imports alone (over the shared 9p filesystem) took 40-60 s.
         r = sh([sys.executable, "-m", "shaperd", "status", "-o", "json", "--netns", bed.node, "--config", str(cfg),
-                "--interval", "0.2"], check=False)
+                "--interval", "0.2"], timeout=120.0, check=False)
     doc = json.loads(r.stdout.splitlines()[-1]) if r.stdout.strip() else {}
     return {"rc": r.returncode, "stderr": r.stderr[-2000:], "edt": doc.get("edt"), "edt_errors": doc.get("edt_errors")}
 
@@ -426,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("outdir", type=Path)
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--pod-caps", action="store_true", help="with --bench: only the per-pod cap scenario")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tests import edt_cases
@@ -440,10 +448,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.bench:
         attempt(out, "kind_ask", kind_ask_step)
     attempt(out, "cases", edt_cases.run_cases)
+    from .edt_pods_guest import pod_caps
+
     if not args.bench:
         with Bed() as bed:
             attempt(out, "switch", lambda: switch_step(bed))
-    planes = ("edt", "htb") if args.bench else ("edt",)
+        with Bed() as bed:
+            attempt(out, "pod_caps", lambda: pod_caps(bed))
+    elif args.pod_caps:
+        for r in range(args.repeats):
+            with Bed() as bed:
+                attempt(out, f"pod_caps_{r}", lambda: pod_caps(bed))
+    planes = () if args.bench and args.pod_caps else ("edt", "htb") if args.bench else ("edt",)
     for dp in planes:
         for r in range(args.repeats):
             with Bed() as bed:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 VETH, PEER, RXE = "shrxa", "shrxb", "shrxe0"
 STEP_TIMEOUT_S = 120  # TCG is ~15x slower than the host; each step is still seconds
-EDT_TIMEOUT_S = 360  # ~8 s of traffic, a dozen helper processes, and two daemon start-ups (edt_caps_guest.py)
+EDT_TIMEOUT_S = 420  # ~15 s of traffic, a dozen helper processes, and two daemon start-ups (edt_caps_guest.py)
 STRACE = ["strace", "-f", "-e", "trace=socket,sendto,sendmsg,recvmsg", "-e", "write=all", "-e", "read=all", "-xx"]
 TENANTS = f"""\
 tenants:

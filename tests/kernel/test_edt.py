@@ -128,3 +128,36 @@ def test_the_probes_question_to_debians_kernel_finds_sch_fq_and_changes_nothing_
     assert ka["answers"]["htb"][0] == "present", ka
     # tc -j shows lo's default root (noqueue, handle 0) as nothing on 6.1's iproute2: before == after, no 7370:.
     assert ka["lo_before"] == ka["lo_after"] and "7370" not in ka["lo_after"] and '"fq"' not in ka["lo_after"], ka
+
+
+def test_a_capped_pods_key_sits_under_its_tenant_in_the_stamper_and_a_resync_writes_nothing(edt):
+    """tests/kernel/edt_pods_guest.py: the engine reconciles two pods of gold given as the watcher gives them."""
+    pc = edt["pod_caps"]
+    assert not (pc["first_failed"] or pc["errors"] or pc["problems"]), pc
+    pod = pc["pod"]
+    assert pod["ref"] == "gold/capped" and pod["parent"] == pc["gold_key"] and pod["rate_bps"] == 8_000_000
+    # The stamper's maps hold exactly that pod's key under gold (the uncapped mate has none), at its cap.
+    assert {int(k): v for k, v in pc["parents"].items()} == {pod["key"]: pc["gold_key"]}, pc
+    assert abs(pc["pod_map_rate_bps"] - 8_000_000) < 1000, pc
+    assert pc["resync_changes"] == 0, pc
+    # The map classifier sent the pod's packets (by its address) to its own key: counted there and under gold.
+    capped, gold = pc["stamper"]["capped"], pc["stamper"]["gold"]
+    assert capped and capped[0] > 0 and gold and gold[0] >= capped[0], pc["stamper"]
+
+
+def test_the_capped_pod_is_held_to_its_cap_while_its_tenant_mate_borrows_and_bronze_keeps_its_share(edt):
+    pc = edt["pod_caps"]
+    total_s = pc["alone_s"] + pc["both_s"]
+    # The pod's own clock spaces its departures at its cap: what got through by the end of the senders
+    # (+ the horizon) is at most its cap over that time, plus one datagram, however slow the guest is.
+    assert 0 < pc["capped_bytes"] <= allowed_bytes(pc["cap_mbit"], total_s + HORIZON_S), pc
+    # The uncapped mate borrows what the cap leaves: it moved more than the capped pod.
+    assert pc["mate_bytes"] > pc["capped_bytes"], pc
+    # With the capped pod in place, the isolation bounds of the run above: bronze under its limit, the whole
+    # under the capacity (3 % for the controller's first step after bronze wakes), and bronze keeps at least
+    # half its guaranteed share of what crossed the link once it sent (loose: a slow guest that fills nothing
+    # shares by what each sends, 1/3 each; a fast one gives bronze its 20 %).
+    both = pc["both_bytes"]
+    assert 0 < pc["bronze_bytes"] <= allowed_bytes(BRONZE["limit"] * CAPACITY_MBIT, pc["both_s"] + HORIZON_S), pc
+    assert sum(both.values()) <= 1.03 * allowed_bytes(CAPACITY_MBIT, pc["both_s"] + HORIZON_S, 3), pc
+    assert both["bronze"] >= 0.5 * BRONZE["g"] * sum(both.values()), pc

@@ -67,7 +67,8 @@ def in_sync_state(dp):
                                      entries={r: dict(v) for r, v in mc.entries.items()})
     return EdtDeviceState(dp.device, dp.ifindex, root_kind=dp.root_kind, root_handle=ROOT_HANDLE,
                           fqs={f.parent: f for f in dp.fqs}, clsact=True, stamper_name=dp.stamper.name,
-                          map_classifier=observed)
+                          stamper_prog_id=41, map_classifier=observed,
+                          pod_entries={p.key: (p.parent, p.ns_per_byte_q16) for p in dp.pods})
 
 
 def test_fresh_device_gets_root_fqs_clsact_and_stamper_then_a_resync_writes_nothing():

@@ -75,15 +75,19 @@ class Reader:
 class FakeMaps:
     """A stamper's maps as StamperMaps reads them; the test moves the counters between readings."""
 
-    def __init__(self, stats=None, q16=None, clocks=None):
+    def __init__(self, stats=None, q16=None, clocks=None, parents=None):
         self.stats = dict(stats or {})
         self.q16 = dict(q16 or {})
         self.clocks = dict(clocks or {})
+        self.parents = dict(parents or {})
         self.closed = False
         self.scans = 0
 
     def read_stats(self):
         return dict(self.stats)
+
+    def read_parents(self):
+        return {k: v for k, v in self.parents.items() if v}
 
     def read_set_rates(self):
         self.scans += 1
@@ -250,7 +254,8 @@ def test_the_json_rows_have_stable_keys_with_units_in_their_names():
     assert list(doc) == ["edt", "edt_errors"]
     keys = {tuple(r) for r in doc["edt"]}
     assert keys == {("device", "tenant", "key", "classid", "guarantee_bps", "limit_bps", "map_rate_bps",
-                     "map_ns_per_byte_q16", "rate_bps", "bytes", "packets", "drops", "backlog_ns", "borrowing")}
+                     "map_ns_per_byte_q16", "rate_bps", "bytes", "packets", "drops", "backlog_ns", "borrowing",
+                     "parent_key")}
     json.dumps(doc)
     none, _ = watch({})
     none.sample(Reader(edt=()))
@@ -412,3 +417,46 @@ def test_now_is_read_right_after_the_clocks_so_slow_reads_before_them_do_not_inf
     (row,) = [r for r in edt_status.rows_of(edt_status.EdtDevice("eth0", 2, STAMPER), None, reading,
                                             edt_status.Labels(CFG)) if r.key == TRAIN]
     assert row.backlog_ns == 500_000
+
+
+def test_a_capped_pods_key_is_a_row_under_its_tenant_with_its_cap_and_what_it_sent():
+    pod, lone = 0x6000, 0x6001  # lone: a capped pod of no tenant, under the default key
+    cap = controller.ns_per_byte_q16(100 * M)
+    eth0 = FakeMaps({TRAIN: Stats(0, 0, 0), pod: Stats(0, 0, 0)},
+                    {TRAIN: controller.ns_per_byte_q16(450 * M), pod: cap, lone: controller.ns_per_byte_q16(5 * M)},
+                    {pod: 5_002_000_000}, parents={pod: TRAIN, lone: DEFAULT_KEY})
+    clock = Clock(100.0)
+    w, _ = watch({"eth0": eth0, "eth1": FakeMaps()}, clock=clock)
+    w.sample(Reader())
+    # 0.5 s: the pod sent 5 MB (80 Mbit/s), counted under its own key and under train's.
+    eth0.stats = {TRAIN: Stats(6_000_000, 6_000, 0), pod: Stats(5_000_000, 5_000, 1)}
+    clock.t = 100.5
+    w.sample(Reader())
+    rows = [r for r in w.rows() if r.device == "eth0"]
+    order = [(r.tenant, r.key, r.parent_key) for r in rows]
+    i = order.index(("train", TRAIN, None))
+    assert order[i + 1] == ("train", pod, TRAIN)  # right after its tenant
+    j = order.index(("(none)", DEFAULT_KEY, None))
+    assert order[j + 1] == ("(none)", lone, DEFAULT_KEY)
+    p = rows[i + 1]
+    assert p.guarantee_bps is None and p.limit_bps == p.map_rate_bps == 100 * M and not p.borrowing
+    assert p.rate_bps == pytest.approx(80 * M) and (p.bytes, p.drops, p.backlog_ns) == (5_000_000, 1, 2_000_000)
+    assert p.classid == f"7368:{pod:x}"
+    text = edt_status.render(w.rows(), w.errors).splitlines()
+    k = next(n for n, l in enumerate(text) if l.startswith("eth0") and " train " in l)
+    assert text[k + 1].split()[:5] == ["eth0", "└", "pod", str(pod), "-"] and "100Mbps" in text[k + 1]
+    assert text[k + 1].rstrip().endswith("-")  # no borrowing of its own
+    doc = w.doc()
+    assert {(r["key"], r["parent_key"]) for r in doc["edt"] if r["device"] == "eth0" and r["parent_key"]} == {
+        (pod, TRAIN), (lone, DEFAULT_KEY)}
+    # top: the pod ranks right after its tenant, with its cap as limit and no guarantee.
+    plane = edt_status.TopPlane.__new__(edt_status.TopPlane)
+    plane.watch, plane._backlog = w, {}
+    w.prev = {}
+    stats, targets = plane.sample(type("R", (), {"qdiscs": Reader().qdiscs, "links": Reader().links,
+                                                  "filters": Reader().filters})())
+    tenants = {t.tenant: t for t in targets.values() if t.device == "eth0"}
+    assert tenants[f"train pod {pod}"].guarantee_bps == 0 and tenants[f"train pod {pod}"].limit_bps == 100 * M
+    assert f"(none) pod {lone}" in tenants and "(none)" not in tenants
+    assert sorted(tenants)[:2] == ["(none) pod 24577", "batch"] and sorted(tenants).index(f"train pod {pod}") == \
+        sorted(tenants).index("train") + 1

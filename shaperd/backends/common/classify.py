@@ -75,6 +75,27 @@ def pod_minors(capped_uids, taken: set[int] | frozenset[int]) -> dict[str, int]:
     return {u: m[pod_class_name(u)] for u in uids}
 
 
+def scope_leaf_names(tenants) -> list[str]:
+    """The identities of every scoped tenant's leaves, as htb names them (backends/htb/scopes.py
+    ``scope_names``: "<tenant>\\0rest", then "<tenant>\\0dst\\0<prefixes>" per destination; a unit test keeps
+    the two equal). Here so a data plane without scopes (edt) can still take their minors."""
+    out: list[str] = []
+    for t in tenants:
+        if t.destinations:
+            out.append(f"{t.name}\0rest")
+            out.extend(f"{t.name}\0dst\0" + ",".join(sorted(map(str, d.cidrs))) for d in t.destinations)
+    return out
+
+
+def capped_pod_minors(cfg: Config, tenant_minors: dict[str, int], capped_uids) -> dict[str, int]:
+    """``pod_minors`` with every tenant minor and every scope leaf minor taken, as both data planes take them,
+    so a capped pod's class id is the same whichever plane its uplink is on."""
+    names = scope_leaf_names(cfg.tenants)
+    tenant_taken = frozenset(tenant_minors.values())
+    scopes = assign_minors(names, tenant_taken) if names else {}
+    return pod_minors(capped_uids, tenant_taken | frozenset(scopes.values()))
+
+
 def cgroup_entries(
     cfg: Config, inv: Inventory, by_pod: dict[str, str], minors: dict[str, int],
     pod_classes: dict[str, int] | None = None,

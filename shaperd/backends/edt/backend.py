@@ -5,8 +5,10 @@ sch_fq under each mq class, and its stamper filter on clsact egress (prio
 PRIO_STAMPER). Shares clsact with the map classifier and others (adds it;
 only a teardown removes it, where it held nothing but shaperd's filters:
 backends/common/clsact.py). Plans only the devices tenancy.dataplanes gives to edt;
-the rates inside the stamper's maps are the rate controller's
-(shaperd/backends/edt/loop.py), not the reconcile's, so a resync never resets them.
+the tenants' rates inside the stamper's maps are the rate controller's
+(shaperd/backends/edt/loop.py), not the reconcile's, so a resync never resets
+them; the capped pods' keys there (parent and static rate) are the
+reconcile's, read back and diffed like any other object.
 With bpffs pins, each stamper is pinned when loaded under the "edt-stamper"
 part of the scope (the controller reopens its maps there without
 CAP_SYS_ADMIN); this backend collects the entries of devices no longer on edt.
@@ -20,7 +22,7 @@ from shaperd.core import log
 from shaperd.core.errors import KernelError
 from shaperd.core.inventory import Capabilities, Inventory
 from shaperd.backends.common import kernel_classifier as bpf_classify
-from shaperd.kernel import bpf_pins
+from shaperd.kernel import bpf, bpf_pins
 from shaperd.backends.edt import kernel_stamper as edt_prog
 from shaperd.kernel import tc
 from shaperd.backends.edt import kernel_tc
@@ -30,7 +32,7 @@ from shaperd.backends.common import mapcls
 from shaperd.backends.common.mapcls import stale_pins
 from shaperd.backends.common.clsact import TC_H_CLSACT
 from shaperd.backends.edt.diff import diff_device, diff_teardown, stale_stamper_pins
-from shaperd.backends.edt.ops import DeleteRoot, SetFq, SetRoot, UnpinStamper
+from shaperd.backends.edt.ops import ClearPodKey, DeleteRoot, SetFq, SetPodKey, SetRoot, UnpinStamper
 from shaperd.backends.edt.refusals import Refusals, first_refusal, refusal_of
 from shaperd.backends.edt.objects import (
     EDT_MAJOR, PRIO_STAMPER, ROOT_HANDLE, STAMPER_HANDLE, STAMPER_PREFIX, EdtDeviceState, FqQdisc,
@@ -53,8 +55,10 @@ class EdtObserved:
     pin_errors: dict[str, str] = field(default_factory=dict)
 
 
-def device_states(reads, inv: Inventory, pins: bpf_pins.PinStore | None = None) -> EdtObserved:
-    """Each link's root, edt's sch_fq children, clsact, and the stamper filter where clsact exists."""
+def device_states(reads, inv: Inventory, pins: bpf_pins.PinStore | None = None,
+                  stamper_pins: bpf_pins.PinStore | None = None, open_stamper=None) -> EdtObserved:
+    """Each link's root, edt's sch_fq children, clsact, and the stamper filter where clsact exists, with the
+    capped pods' entries in its maps (opened as the rate controller opens them: ``stamper_pins``, else by id)."""
     qdiscs = reads.all_qdiscs()
     out = EdtObserved()
     by_idx = {l.ifindex: EdtDeviceState(l.name, l.ifindex) for l in inv.links}
@@ -82,8 +86,23 @@ def device_states(reads, inv: Inventory, pins: bpf_pins.PinStore | None = None) 
             st.map_classifier = bpf_classify.observe(rows, st.device, pins)
         except KernelError as e:
             out.errors[st.ifindex] = str(e)
+            continue
+        if st.stamper_name is not None:
+            read_pod_entries(st, stamper_pins, open_stamper or edt_prog.open_attached)
     out.devices = by_idx
     return out
+
+
+def read_pod_entries(st: EdtDeviceState, pins, open_stamper) -> None:
+    """The attached stamper's pod keys into ``st.pod_entries``, or why not into ``st.maps_error``."""
+    if not st.stamper_prog_id or not st.stamper_name.startswith(STAMPER_PREFIX):
+        st.maps_error = f"filter {st.stamper_name or '?'} at the stamper's prio carries no program of shaperd's"
+        return
+    try:
+        with open_stamper(st.device, st.stamper_prog_id, pins) as maps:
+            st.pod_entries = edt_prog.read_pod_entries(maps)
+    except (bpf.BpfError, OSError) as e:
+        st.maps_error = f"read edt stamper maps on {st.device}: {e}"
 
 
 class EdtBackend:
@@ -102,6 +121,9 @@ class EdtBackend:
         self.stamper_pins = stamper_pins or (pins.sub(edt_prog.STAMPER_PINS) if pins is not None else None)
         # Devices whose kernel refused sch_fq/mq at apply: on htb until restart or the device goes away.
         self.refusals = Refusals()
+        # (device, prog_id, pins) -> the attached stamper's StamperMaps: observe reads the capped pods' keys,
+        # apply writes them (tests inject a fake).
+        self.open_stamper = edt_prog.open_attached
 
     def probe(self, caps: Capabilities) -> Support:
         missing = edt_missing(caps)
@@ -118,7 +140,7 @@ class EdtBackend:
         return self.refusals.current(inv)
 
     def observe(self, reads, inv: Inventory) -> EdtObserved:
-        out = device_states(reads, inv, self.pins)
+        out = device_states(reads, inv, self.pins, self.stamper_pins, self.open_stamper)
         if self.pins is not None:
             try:
                 out.pin_entries = self.pins.entries()
@@ -156,9 +178,14 @@ class EdtBackend:
         return out
 
     def apply(self, diff: TargetDiff, batch: bool = True) -> ApplyResult:
-        # tc objects first (root, clsact, stamper), then the map classifier's writes (as the htb backend does).
+        # tc objects first (root, clsact, stamper), then a capped pod's new entries, then the map classifier's
+        # writes (as the htb backend does), then the entries of pods gone: the classifier sends a pod's packets
+        # to its key only once the key is set up, and away from it before it is cleared.
         unpins = [op for op in diff.ops if isinstance(op, UnpinStamper)]
-        tc_ops = [op for op in diff.ops if not bpf_classify.is_classifier_op(op) and not isinstance(op, UnpinStamper)]
+        pod_sets = [op for op in diff.ops if isinstance(op, SetPodKey)]
+        pod_clears = [op for op in diff.ops if isinstance(op, ClearPodKey)]
+        tc_ops = [op for op in diff.ops if not bpf_classify.is_classifier_op(op)
+                  and not isinstance(op, (UnpinStamper, SetPodKey, ClearPodKey))]
         cls_ops = [op for op in diff.ops if bpf_classify.is_classifier_op(op)]
         if not batch:  # one by one: the qdiscs first, so a kernel that does not know a kind is caught before the rest
             qdisc_ops = [op for op in tc_ops if isinstance(op, (SetRoot, SetFq))]
@@ -170,15 +197,23 @@ class EdtBackend:
         result = tc.apply_ops(self.writer, tc_ops, batch=batch, pins=self.stamper_pins, codec=kernel_tc.CODEC)
         if not batch:
             result.applied[:0], result.failed[:0] = first.applied, first.failed
-        if cls_ops and not result.batch_failed:
-            more = bpf_classify.apply_ops(self.writer, cls_ops, self.pins)
-            result.applied.extend(more.applied)
-            result.failed.extend(more.failed)
+        for group, apply_group in ((pod_sets, self._apply_pods), (cls_ops, self._apply_classifier),
+                                   (pod_clears, self._apply_pods)):
+            if group and not result.batch_failed:
+                more = apply_group(group)
+                result.applied.extend(more.applied)
+                result.failed.extend(more.failed)
         if unpins and not result.batch_failed:
             more = edt_prog.apply_unpins(unpins, self.stamper_pins)
             result.applied.extend(more.applied)
             result.failed.extend(more.failed)
         return result
+
+    def _apply_pods(self, ops) -> ApplyResult:
+        return edt_prog.apply_pod_ops(ops, self.stamper_pins, self.open_stamper)
+
+    def _apply_classifier(self, ops) -> ApplyResult:
+        return bpf_classify.apply_ops(self.writer, ops, self.pins)
 
     def _refuse(self, diff: TargetDiff, qdisc_ops: list, first: ApplyResult, reason: str) -> ApplyResult:
         """The kernel does not know sch_fq (or mq): undo this apply's root, remember the device, warn once.

@@ -163,6 +163,30 @@ class State:
     history: tuple[tuple[float, Mapping[int, int], Mapping[int, int]], ...] = ()
 
 
+def _window(state: State, now_s: float):
+    """(the history, its samples from the measurement's base on): the base is the newest sample at least
+    WINDOW_S old, else the oldest kept."""
+    hist = state.history or ((state.at_s, state.bytes_total, state.rates_bps),)
+    start = 0
+    for i in range(len(hist) - 1, -1, -1):
+        if now_s - hist[i][0] >= WINDOW_S:
+            start = i
+            break
+    return hist, hist[start:]
+
+
+def measured_bps(state: State, now_s: float, bytes_total: Mapping[int, int], keys) -> dict[int, int]:
+    """key -> bit/s over the measurement window ending at ``now_s`` (the one ``step`` uses), for any key whose
+    byte total is counted: the tenants', and the capped pods' (which are measured, never controlled). A
+    counter that went backwards (program replaced) counts from here; no earlier sample: empty."""
+    if state.at_s is None or now_s <= state.at_s:
+        return {}
+    _hist, window = _window(state, now_s)
+    base_t, base = window[0][0], window[0][1]
+    dt = now_s - base_t
+    return {k: int(max(0, bytes_total.get(k, 0) - base.get(k, 0)) * 8 / dt) for k in keys}
+
+
 def step(capacity_bps: int, shares: list[Share] | tuple[Share, ...], state: State, now_s: float,
          bytes_total: Mapping[int, int], backlogged: frozenset[int] | set[int] = frozenset()) -> State:
     """One controller step: byte totals (monotonic per key) at ``now_s`` -> the new rates (in the returned state).
@@ -175,24 +199,11 @@ def step(capacity_bps: int, shares: list[Share] | tuple[Share, ...], state: Stat
         alloc = allocate(capacity_bps, shares, demand)
         first = rates(shares, alloc)
         return State(now_s, dict(bytes_total), first, {}, ((now_s, dict(bytes_total), first),))
-    # The newest sample at least WINDOW_S old (else the oldest kept) is the base of the measurement;
-    # a tenant is compared with the smallest rate it had over that window (what it could send).
-    hist = state.history or ((state.at_s, state.bytes_total, state.rates_bps),)
-    start = 0
-    for i in range(len(hist) - 1, -1, -1):
-        if now_s - hist[i][0] >= WINDOW_S:
-            start = i
-            break
-    window = hist[start:]
-    base_t, base = window[0][0], window[0][1]
-    dt = now_s - base_t
-    measured = {}
+    hist, window = _window(state, now_s)
+    measured = measured_bps(state, now_s, bytes_total, [s.key for s in shares])
     demand = {}
     for s in shares:
-        delta = bytes_total.get(s.key, 0) - base.get(s.key, 0)
-        if delta < 0:  # counters reset (program replaced): count from here
-            delta = 0
-        measured[s.key] = int(delta * 8 / dt)
+        # a tenant is compared with the smallest rate it had over that window (what it could send)
         had = min(h[2].get(s.key, s.guarantee_bps) for h in window)
         demand[s.key] = estimate_demand(measured[s.key], had, s.limit_bps, capacity_bps, s.key in backlogged,
                                         state.rates_bps.get(s.key, s.guarantee_bps))

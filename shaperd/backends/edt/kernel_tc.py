@@ -45,6 +45,6 @@ CODEC = CLSACT_CODEC | Codec(
     # device's entry (kernel_stamper.py).
     loaders={
         edt.SetStamper: lambda op, pins: edt_prog.load_fresh(op.stamper.horizon_ns, dict(op.initial_q16), pins,
-                                                             op.device),
+                                                             op.device, dict(op.initial_parents)),
     },
 )

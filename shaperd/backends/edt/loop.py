@@ -6,7 +6,9 @@ the injected ``open_maps(device_plan)`` (so tests run it on fakes with an
 injected clock). Read, diff, then write: only keys whose rate changed are
 written. A device whose maps cannot be read is reported once per failure and
 retried at the next step; it never stops the other devices. The daemon hands
-it the edt plan after each reconcile (``set_targets``).
+it the edt plan after each reconcile (``set_targets``). Capped pods' keys are
+measured here (for their metrics) but never written: their static rates are
+the backend's (backends/edt/diff.py), and only the shares' keys are stepped.
 """
 
 from __future__ import annotations
@@ -45,15 +47,18 @@ class EdtLoop(Periodic):
         self._maps: dict[str, object] = {}
         self._state: dict[str, controller.State] = {}
         self._written: dict[str, dict[int, int]] = {}
+        self._pods_measured: dict[str, dict[int, int]] = {}  # device -> pod key -> bit/s over the window
         self.errors: dict[str, str] = {}
         self.writes = 0  # bpf() update calls so far (read-diff-write: zero while rates hold)
 
     def set_targets(self, plans) -> None:
-        """The edt device plans to control now; devices gone or re-planned start afresh."""
+        """The edt device plans to control now; devices gone or re-planned start afresh. Re-planned means what
+        the controller works with changed (the device, its capacity, its shares, its stamper): a pod that
+        comes, goes or changes its cap, or a changed classifier, keeps the controller's state."""
         with self._lock:
             new = {dp.device: dp for dp in plans}
             for dev in list(self._plans):
-                if dev not in new or new[dev] != self._plans[dev]:
+                if dev not in new or _controlled(new[dev]) != _controlled(self._plans[dev]):
                     self._forget(dev)
             self._plans = new
 
@@ -63,6 +68,7 @@ class EdtLoop(Periodic):
             m.close()
         self._state.pop(dev, None)
         self._written.pop(dev, None)
+        self._pods_measured.pop(dev, None)
 
     def rates(self, device: str) -> dict[int, int]:
         """The rates (bit/s per key) of the last step on ``device``."""
@@ -80,6 +86,19 @@ class EdtLoop(Periodic):
                     continue
                 for s in dp.shares:
                     out.append((dev, s.tenant, s.key, st.rates_bps.get(s.key, 0), st.measured_bps.get(s.key, 0)))
+        return out
+
+    def pod_snapshot(self) -> list[tuple[str, str, str | None, int, int, int | None]]:
+        """(device, pod namespace/name, tenant or None, key, rate bit/s (its static rate), measured bit/s or None
+        before a window has passed) of each capped pod's key on the devices stepped."""
+        out = []
+        with self._lock:
+            for dev, dp in sorted(self._plans.items()):
+                if dev not in self._state:
+                    continue
+                measured = self._pods_measured.get(dev, {})
+                for p in getattr(dp, "pods", ()):
+                    out.append((dev, p.ref, p.tenant, p.key, p.rate_bps, measured.get(p.key)))
         return out
 
     def sample_once(self) -> None:
@@ -104,9 +123,12 @@ class EdtLoop(Periodic):
         clocks = maps.read_clocks([s.key for s in shares])
         now_ns = self.mono_ns()
         backlogged = frozenset(k for k, c in clocks.items() if c > now_ns)
-        st = controller.step(dp.capacity_bps, shares, self._state.get(dev, controller.State()), self.clock(), totals,
-                             backlogged)
+        before, now_s = self._state.get(dev, controller.State()), self.clock()
+        st = controller.step(dp.capacity_bps, shares, before, now_s, totals, backlogged)
         self._state[dev] = st
+        # The capped pods' keys are measured over the same window, never controlled: their rates are the
+        # backend's (static), and only the shares' keys are ever written below.
+        self._pods_measured[dev] = controller.measured_bps(before, now_s, totals, [p.key for p in dp.pods])
         q16 = {k: controller.ns_per_byte_q16(r) for k, r in st.rates_bps.items()}
         last = self._written.setdefault(dev, {})
         changed = {k: v for k, v in q16.items() if last.get(k) != v}
@@ -119,6 +141,11 @@ class EdtLoop(Periodic):
         with self._lock:
             for dev in list(self._maps):
                 self._forget(dev)
+
+
+def _controlled(dp) -> tuple:
+    """What the controller works with on one device plan (its state restarts when this changes)."""
+    return dp.device, dp.ifindex, dp.capacity_bps, dp.shares, dp.stamper
 
 
 def maps_opener(netns: str | None, pins=None):

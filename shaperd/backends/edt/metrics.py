@@ -7,6 +7,13 @@ the kernel:
   rate in the stamper's map (guarantee headroom included);
 - ``shaperd_tenant_edt_measured_bytes_per_second{tenant,device}``: what the
   stamper passed over the controller's last window;
+- ``shaperd_pod_edt_rate_bytes_per_second{namespace,pod,tenant,device}``: a
+  capped pod's static departure rate in the stamper (min(cap, its tenant's
+  limit, capacity)), only for pods with an egress cap (tenant "" for a pod of
+  no tenant);
+- ``shaperd_pod_edt_measured_bytes_per_second{namespace,pod,tenant,device}``:
+  what the stamper passed for that pod over the controller's window (absent
+  before a first window);
 - ``shaperd_edt_device_controlled{device}``: 1 while the loop steps the
   device, 0 while its maps cannot be read (the error is in the log);
 - ``shaperd_edt_refused{device}``: 1 for each device where node.dataplane asked
@@ -41,6 +48,13 @@ class EdtCollector(Collector):
         ok = GaugeMetricFamily("shaperd_edt_device_controlled",
                                "1 while the edt rate controller steps the device, 0 while its maps cannot be read",
                                labels=["device"])
+        pod_labels = ["namespace", "pod", "tenant", "device"]
+        pod_rate = GaugeMetricFamily("shaperd_pod_edt_rate_bytes_per_second",
+                                     "Departure rate of a capped pod's own key in the edt stamper (its cap, "
+                                     "within its tenant's limit)", labels=pod_labels)
+        pod_seen = GaugeMetricFamily("shaperd_pod_edt_measured_bytes_per_second",
+                                     "What the edt stamper passed for a capped pod over the controller's window",
+                                     labels=pod_labels)
         loop = self.loop_source()
         if loop is not None:
             devices = set()
@@ -48,10 +62,18 @@ class EdtCollector(Collector):
                 devices.add(dev)
                 rate.add_metric([tenant or "(none)", dev], r / 8)  # the loop works in bit/s; base unit bytes
                 seen.add_metric([tenant or "(none)", dev], m / 8)
+            for dev, ref, tenant, _key, r, m in loop.pod_snapshot():
+                ns, _, name = ref.partition("/")
+                labels = [ns, name, tenant or "", dev]
+                pod_rate.add_metric(labels, r / 8)
+                if m is not None:
+                    pod_seen.add_metric(labels, m / 8)
             for dev in sorted(devices | set(loop.errors)):
                 ok.add_metric([dev], 0 if dev in loop.errors else 1)
         yield rate
         yield seen
+        yield pod_rate
+        yield pod_seen
         yield ok
         if self.refusals is not None:
             refused = GaugeMetricFamily("shaperd_edt_refused",

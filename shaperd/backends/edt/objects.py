@@ -2,7 +2,8 @@
 
 Desired (planner) and observed (kernel reader) state use the same types, so
 the diff compares like with like. Also the stamper's map layout constants
-shared by the kernel side (kernel/edt_prog.py) and the controller. Pure.
+shared by the kernel side (kernel_stamper.py) and the controller, and a capped
+pod's key (EdtPodKey). Pure.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ STATS_MAX_ENTRIES = 4096
 
 
 STAMPER_PREFIX = "shpe_"
+STAMPER_VERSION = b"shaperd-edt-stamper-v2"
 
 
 def stamper_name(horizon_ns: int) -> str:
     """'shpe_' + 10 hex of the program's version and parameters: BPF_OBJ_NAME_LEN, and the filter's TCA_BPF_NAME.
 
-    A new program version or horizon gives a new name, so the diff re-attaches."""
-    h = hashlib.sha256(b"shaperd-edt-stamper-v1\0" + struct.pack("<Q", horizon_ns)).hexdigest()[:10]
+    A new program version or horizon gives a new name, so the diff re-attaches (v2: the parents map and the
+    second clock step of capped pods; a v1 stamper is replaced, never adopted)."""
+    h = hashlib.sha256(STAMPER_VERSION + b"\0" + struct.pack("<Q", horizon_ns)).hexdigest()[:10]
     return STAMPER_PREFIX + h
 
 
@@ -80,6 +83,22 @@ class EdtShareSpec:
 
 
 @dataclass(frozen=True)
+class EdtPodKey:
+    """A capped pod's stamper key on one device: its own class minor, its parent (its tenant's key, or the
+    default key for a pod of no tenant) and its static rate (min(cap, the tenant's limit, capacity)), which
+    the backend writes and the rate controller never touches."""
+
+    key: int
+    parent: int
+    rate_bps: int
+    ns_per_byte_q16: int
+    uid: str = field(compare=False, default="")
+    ref: str = field(compare=False, default="")  # namespace/name
+    tenant: str | None = field(compare=False, default=None)
+    cap_bps: int = field(compare=False, default=0)  # the annotation's value
+
+
+@dataclass(frozen=True)
 class EdtDevicePlan:
     device: str
     ifindex: int
@@ -93,6 +112,8 @@ class EdtDevicePlan:
     # The eBPF map classifier (backends/htb/mapcls.py) that writes the tenant's class id into skb->priority,
     # planned exactly as on an htb uplink; None where the kernel has no eBPF maps (then only SO_PRIORITY works).
     map_classifier: object | None = None
+    # Capped pods' keys (a pod's own class minor, backends/common/classify.pod_minors), by key.
+    pods: tuple[EdtPodKey, ...] = ()
 
 
 @dataclass
@@ -108,6 +129,10 @@ class EdtDeviceState:
     stamper_name: str | None = None
     stamper_prog_id: int = 0
     map_classifier: object | None = None  # kernel/bpf_classify.py ObservedMapClassifier
+    # The attached stamper's pod keys: key -> (parent, rate in ns per byte Q16) of every key with a parent;
+    # None where its maps were not read (no stamper, or ``maps_error``).
+    pod_entries: dict[int, tuple[int, int]] | None = None
+    maps_error: str | None = None
 
     @property
     def owned(self) -> bool:

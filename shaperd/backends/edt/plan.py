@@ -5,7 +5,8 @@ Owns every decision about what the edt data plane holds: which uplinks
 queue; sch_fq alone on a single-queue device), how sch_fq and the stamper's
 horizon are sized for the rates, and what the rate controller is told about
 each tenant (its map key = its HTB class minor, the id the map classifier
-writes into skb->priority). No I/O.
+writes into skb->priority), and each capped pod's key (its own class minor,
+backends/common/classify.capped_pod_minors), parent and static rate. No I/O.
 
 Sizing (README, "EDT data plane"):
 
@@ -35,11 +36,13 @@ from shaperd.core.config import Config, default_reserve_bps
 from shaperd.core.errors import ConfigProblem
 from shaperd.core.inventory import Inventory, Link
 from shaperd.core.tenancy import Tenancy
-from shaperd.backends.common.classify import GSO_MAX_BYTES, checked_capacity, classification, map_classifier_for
+from shaperd.backends.common.classify import (
+    GSO_MAX_BYTES, capped_pod_minors, checked_capacity, classification, map_classifier_for,
+)
 from shaperd.core.ids import assign_minors
 from shaperd.backends.edt import controller
 from shaperd.backends.edt.objects import (
-    DEFAULT_KEY, FQ_MAJOR_BASE, ROOT_HANDLE, EdtDevicePlan, EdtShareSpec, FqQdisc, Stamper, stamper_name,
+    DEFAULT_KEY, FQ_MAJOR_BASE, ROOT_HANDLE, EdtDevicePlan, EdtPodKey, EdtShareSpec, FqQdisc, Stamper, stamper_name,
 )
 
 STAMPER_HORIZON_NS = 100_000_000
@@ -93,6 +96,8 @@ def plan(cfg: Config, inv: Inventory, ten: Tenancy, take_over: bool = False,
     devices: list[EdtDevicePlan] = []
     skipped: list[str] = []
     minors = assign_minors([t.name for t in cfg.tenants])
+    capped = ten.egress_capped()
+    pod_keys = capped_pod_minors(cfg, minors, capped)
     for link in sorted(ten.uplinks, key=lambda l: l.name):
         if ten.dataplanes.get(link.name) != "edt":
             continue
@@ -101,7 +106,8 @@ def plan(cfg: Config, inv: Inventory, ten: Tenancy, take_over: bool = False,
         if dp is None:
             skipped.append(link.name)
         else:
-            devices.append(replace(dp, map_classifier=_map_classifier(cfg, inv, link, ten, minors, warnings)))
+            devices.append(replace(dp, map_classifier=_map_classifier(cfg, inv, link, ten, minors, pod_keys, warnings),
+                                   pods=pod_plans(dp, capped, pod_keys, minors)))
     htb = tuple(sorted(l.name for l in ten.uplinks if ten.dataplanes.get(l.name, "htb") == "htb"))
     why = {l.name: refused[l.name][1] for l in ten.uplinks
            if l.name in (refused or {}) and refused[l.name][0] == l.ifindex and ten.dataplanes.get(l.name) == "htb"}
@@ -110,7 +116,7 @@ def plan(cfg: Config, inv: Inventory, ten: Tenancy, take_over: bool = False,
 
 
 def _map_classifier(cfg: Config, inv: Inventory, link: Link, ten: Tenancy, minors: dict[str, int],
-                    warnings: list[str]):
+                    pod_keys: dict[str, int], warnings: list[str]):
     """The map classifier for this uplink (the same who-is-who as HTB's, common/classify.py), or None
     without eBPF maps. Without destination scopes: the stamper keys packets by tenant class minor, and a
     scope's class id (written into skb->priority by the scope LPM) would be no tenant's key, so the
@@ -118,7 +124,8 @@ def _map_classifier(cfg: Config, inv: Inventory, link: Link, ten: Tenancy, minor
     operator is told the scope's own limit is not enforced there."""
     if not inv.capabilities.bpf_maps:
         return None
-    who = classification(cfg, inv, ten.interfaces, minors, ten.pod_tenants, ten.marks)
+    who = classification(cfg, inv, ten.interfaces, minors, ten.pod_tenants, ten.marks, pod_classes=pod_keys,
+                         pod_marks=ten.pod_marks, shaped=ten.uplink_names)
     mc, _rest, warns = map_classifier_for(list(who.bpf_filters), cfg.node.mark_mask, (), who.src_prefixes)
     scoped = sorted(t.name for t in cfg.tenants if t.destinations)
     if scoped:
@@ -164,12 +171,35 @@ def plan_device(cfg: Config, link: Link, minors: dict[str, int]) -> tuple[EdtDev
     ), []
 
 
+def pod_plans(dp: EdtDevicePlan, capped, pod_keys: dict[str, int], minors: dict[str, int]) -> tuple[EdtPodKey, ...]:
+    """Each egress-capped pod's key on ``dp``: its parent is its tenant's key (the default key for a pod of no
+    tenant) and its rate min(cap, the tenant's limit on this device, the capacity), in the stamper's unit as
+    the controller converts (``ns_per_byte_q16``). Static: the backend writes it, the controller never does."""
+    limits = {s.key: s.limit_bps for s in dp.shares}
+    out = []
+    for uid, cap in capped.items():
+        parent = minors[cap.tenant] if cap.tenant is not None else DEFAULT_KEY
+        rate = min(cap.egress_bps, limits.get(parent, dp.capacity_bps), dp.capacity_bps)
+        out.append(EdtPodKey(pod_keys[uid], parent, rate, controller.ns_per_byte_q16(rate), uid=uid, ref=cap.ref,
+                             tenant=cap.tenant, cap_bps=cap.egress_bps))
+    return tuple(sorted(out, key=lambda p: p.key))
+
+
 def controller_shares(dp: EdtDevicePlan) -> list[controller.Share]:
+    """The controller's tenants on ``dp``: the shares only; a capped pod's key is never one (its rate is static)."""
     return [controller.Share(s.key, s.guarantee_bps, s.limit_bps, s.priority) for s in dp.shares]
 
 
 def initial_q16(dp: EdtDevicePlan) -> tuple[tuple[int, int], ...]:
-    """The first rates (before the controller's first step): everyone may take everything, by priority."""
+    """The first rates (before the controller's first step): everyone may take everything, by priority; each
+    capped pod's key its static rate."""
     shares = controller_shares(dp)
     alloc = controller.allocate(dp.capacity_bps, shares, {s.key: s.limit_bps for s in shares})
-    return tuple(sorted((k, controller.ns_per_byte_q16(r)) for k, r in controller.rates(shares, alloc).items()))
+    first = {k: controller.ns_per_byte_q16(r) for k, r in controller.rates(shares, alloc).items()}
+    first.update({p.key: p.ns_per_byte_q16 for p in dp.pods})
+    return tuple(sorted(first.items()))
+
+
+def initial_parents(dp: EdtDevicePlan) -> tuple[tuple[int, int], ...]:
+    """pod key -> parent key of each capped pod, for a fresh stamper's maps."""
+    return tuple((p.key, p.parent) for p in dp.pods)

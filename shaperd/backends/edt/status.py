@@ -28,7 +28,7 @@ through kernel/edt_prog.py and the rtnetlink reader it is given.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from shaperd.backends.edt.controller import rate_bps_of_q16
 from shaperd.backends.edt.objects import DEFAULT_KEY, PRIO_STAMPER, ROOT_HANDLE
@@ -42,6 +42,7 @@ UNKNOWN_TENANT = "?"  # a key in the maps that the tenants file does not name (o
 TC_H_ROOT = 0xFFFFFFFF
 TC_H_CLSACT_EGRESS = 0xFFFFFFF3
 BORROW_MARGIN = 1.01  # as report/status.py: above the guarantee by more than 1 %
+POD_MARK = "└ pod"  # a capped pod's row, under its tenant's (the pod's name is the daemon's: its metrics, plan)
 SECTION_TITLE = "EDT data plane (departure-time pacing)"
 
 
@@ -73,6 +74,7 @@ class Reading:
     stats: dict  # key -> Stats(bytes, packets, dropped)
     q16: dict  # key -> ns per byte, Q16 (0: no rate set)
     clocks: dict  # key -> the tenant's next departure time, ns
+    parents: dict = field(default_factory=dict)  # capped pod's key -> its parent's key
 
 
 @dataclass
@@ -91,6 +93,8 @@ class EdtRow:
     drops: int  # horizon drops by the stamper, since it was attached
     backlog_ns: int  # departure clock ahead of now
     borrowing: bool
+    # A capped pod's own key: its parent's key (the tenant it is shown under); None on a tenant's row.
+    parent_key: int | None = None
 
 
 class Labels:
@@ -199,14 +203,15 @@ def read_maps(maps, keys: set[int], t_s: float, mono_ns, stamper: str, scan_rate
     (64 Ki entries, tens of ms in Python), else one lookup per key. ``mono_ns`` is read right after the
     clocks, so the backlog (clock - now) is not inflated by the time the other reads took."""
     stats = maps.read_stats()
+    parents = maps.read_parents()
     if scan_rates:
         q16 = maps.read_set_rates()
-        wanted = sorted(set(keys) | set(stats) | set(q16))
+        wanted = sorted(set(keys) | set(stats) | set(q16) | set(parents))
     else:
-        wanted = sorted(set(keys) | set(stats))
+        wanted = sorted(set(keys) | set(stats) | set(parents))
         q16 = {k: v for k, v in maps.read_rates(wanted).items() if v}
     clocks = maps.read_clocks(wanted)
-    return Reading(stamper, t_s, mono_ns(), stats, q16, clocks)
+    return Reading(stamper, t_s, mono_ns(), stats, q16, clocks, parents)
 
 
 def _mono_ns() -> int:
@@ -281,17 +286,17 @@ class EdtWatch:
 
 
 def rows_of(dev: EdtDevice, prev: Reading | None, cur: Reading, labels: Labels) -> list[EdtRow]:
-    """One row per key: every tenant of the file, the default key, and any key the maps hold."""
+    """One row per key: every tenant of the file, the default key, and any key the maps hold; each capped
+    pod's key (a key with a parent) right after its tenant's row, named by that tenant, its LIMIT its cap."""
     from shaperd.backends.edt.objects import Stats
 
     shares = labels.shares(dev)
-    keys = sorted(set(shares) | labels.keys() | set(cur.stats) | set(cur.q16))
+    keys = sorted(set(shares) | labels.keys() | set(cur.stats) | set(cur.q16) | set(cur.parents))
     window_s = cur.t_s - prev.t_s if prev is not None else 0.0
     same = prev is not None and prev.stamper == cur.stamper and window_s > 0
-    out = []
-    for k in keys:
+
+    def row(k: int, share: Share, parent: int | None) -> EdtRow:
         st = cur.stats.get(k, Stats(0, 0, 0))
-        share = shares.get(k) or Share(NONE_TENANT if k == DEFAULT_KEY else UNKNOWN_TENANT, None, None)
         rate = None
         if same:
             before = prev.stats.get(k, Stats(0, 0, 0))
@@ -299,15 +304,37 @@ def rows_of(dev: EdtDevice, prev: Reading | None, cur: Reading, labels: Labels) 
                 rate = (st.bytes - before.bytes) * 8 / window_s
         q16 = cur.q16.get(k, 0)
         clock = cur.clocks.get(k, 0)
-        out.append(EdtRow(
+        return EdtRow(
             device=dev.device, tenant=share.tenant, key=k, classid=fmt_handle(HANDLE_MAJOR << 16 | k),
             guarantee_bps=share.guarantee_bps, limit_bps=share.limit_bps,
             map_rate_bps=rate_bps_of_q16(q16) if q16 else None, map_ns_per_byte_q16=q16, rate_bps=rate,
             bytes=st.bytes, packets=st.packets, drops=st.dropped, backlog_ns=max(0, clock - cur.now_ns),
             borrowing=rate is not None and share.guarantee_bps is not None
-            and rate > share.guarantee_bps * BORROW_MARGIN,
-        ))
+            and rate > share.guarantee_bps * BORROW_MARGIN, parent_key=parent,
+        )
+
+    def share_of(k: int) -> Share:
+        return shares.get(k) or Share(NONE_TENANT if k == DEFAULT_KEY else UNKNOWN_TENANT, None, None)
+
+    out = []
+    pods_of: dict[int, list[int]] = {}
+    for k in keys:
+        if k in cur.parents:
+            pods_of.setdefault(cur.parents[k], []).append(k)
+    for k in keys:
+        if k in cur.parents:
+            continue
+        out.append(row(k, share_of(k), None))
+        out.extend(_pod_row(row, p, cur, share_of(k).tenant) for p in pods_of.pop(k, ()))
+    for parent, pods in sorted(pods_of.items()):  # a parent key the stamper holds no row for
+        out.extend(_pod_row(row, p, cur, share_of(parent).tenant) for p in pods)
     return out
+
+
+def _pod_row(row, key: int, cur: Reading, tenant: str) -> EdtRow:
+    """A capped pod's key: no guarantee of its own; its limit is its cap, the static rate in the map."""
+    q16 = cur.q16.get(key, 0)
+    return row(key, Share(tenant, None, rate_bps_of_q16(q16) if q16 else None), cur.parents[key])
 
 
 def _rate(bps) -> str:
@@ -321,10 +348,11 @@ def render(rows: list[EdtRow], errors: dict[str, str]) -> str:
             "BACKLOG", "BORROWING")
     lines = [head]
     for r in rows:
-        lines.append((r.device, r.tenant, str(r.key), _rate(r.guarantee_bps), _rate(r.limit_bps),
-                      "unset" if r.map_rate_bps is None else format_rate(r.map_rate_bps), _rate(r.rate_bps),
-                      str(r.bytes), str(r.packets), str(r.drops), format_backlog(r.backlog_ns),
-                      "yes" if r.borrowing else "no"))
+        pod = r.parent_key is not None
+        lines.append((r.device, POD_MARK if pod else r.tenant, str(r.key), _rate(r.guarantee_bps),
+                      _rate(r.limit_bps), "unset" if r.map_rate_bps is None else format_rate(r.map_rate_bps),
+                      _rate(r.rate_bps), str(r.bytes), str(r.packets), str(r.drops), format_backlog(r.backlog_ns),
+                      "-" if pod else "yes" if r.borrowing else "no"))
     text = SECTION_TITLE + ":"
     if rows:
         widths = [max(len(l[i]) for l in lines) for i in range(len(head))]
@@ -401,11 +429,15 @@ class TopPlane:
         self.watch.sample(reader)
         stats, targets, self._backlog = {}, {}, {}
         for r in self.watch.rows():
-            if r.tenant in (NONE_TENANT, UNKNOWN_TENANT):
+            pod = r.parent_key is not None
+            if r.tenant == UNKNOWN_TENANT or (r.tenant == NONE_TENANT and not pod):
                 continue
             key = (r.device, HANDLE_MAJOR << 16 | r.key)
             stats[key] = _Counters(r)
-            targets[key] = ClassTarget(r.tenant, r.device, key[1], r.guarantee_bps, r.limit_bps)
+            # A capped pod ranks right after its tenant ("train" < "train pod 25001"), with no guarantee of
+            # its own (what it sends lives in its tenant's) and its cap as limit.
+            tenant = f"{r.tenant} pod {r.key}" if pod else r.tenant
+            targets[key] = ClassTarget(tenant, r.device, key[1], 0 if pod else r.guarantee_bps, r.limit_bps)
             self._backlog[key] = r.backlog_ns
         return stats, targets
 
