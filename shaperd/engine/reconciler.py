@@ -12,6 +12,7 @@ names its object while the others still land.
 from __future__ import annotations
 
 import contextlib
+import errno
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -284,8 +285,29 @@ class Reconciler:
             # Some writes may have landed: read again, diff again, then one by one.
             res = self._one_by_one(b, desired, td, inv)
         out.ops, out.failed = res.applied, res.failed
+        gone = self._vanished(res.failed)
+        if gone:
+            # A pod's veth deleted between discovery and this write: nothing is left to enforce there, and
+            # its link event brings the next reconcile. Not a failure (it would count against health).
+            out.failed = [(op, e) for op, e in res.failed if (op, e) not in gone]
+            names = sorted({op.device for op, _ in gone})
+            out.note = f"{len(gone)} write(s) not made: {', '.join(names)} went away during the reconcile"
+            self.log.info("device went away during the reconcile", backend=b.name, devices=names,
+                          writes=len(gone))
+            res = ApplyResult(applied=res.applied, failed=out.failed, batch_failed=res.batch_failed)
         self._log_writes(b, res)
         return out
+
+    def _vanished(self, failed) -> list:
+        """The failed writes that failed with ENODEV on a device that no longer exists (read once, only then)."""
+        nodev = [(op, e) for op, e in failed if getattr(e, "errno", None) == errno.ENODEV and op.ifindex > 0]
+        if not nodev:
+            return []
+        try:
+            present = {l.ifindex for l in self.reader.links()}
+        except KernelError:
+            return []  # cannot tell: a failure it stays
+        return [(op, e) for op, e in nodev if op.ifindex not in present]
 
     def _one_by_one(self, b: Backend, desired, td: TargetDiff, inv: Inventory) -> ApplyResult:
         try:

@@ -162,3 +162,39 @@ def test_stats_are_merged_over_backends(tmp_path):
     rep = reconciler(FakeBackend("one", {}), FakeBackend("two", {}), tmp_path=tmp_path).apply(CFG)
     assert set(rep.targets) == {("dev-one", 1), ("dev-two", 1)}
     assert rep.planned_devices == ("dev-one", "dev-two")
+
+
+@dataclass
+class VanishingBackend(FakeBackend):
+    """Writes to ifindex 7 (a pod's veth deleted between discovery and the write) fail with ENODEV; to 2
+    (eth0, still there) too, when ``nodev_on_present``."""
+
+    nodev_on_present: bool = False
+
+    def diff(self, desired, observed):
+        return [TargetDiff("pods", [SetThing(device="cc7", ifindex=7, key="gone", value=1),
+                                    SetThing(device="eth0", ifindex=2, key="here", value=1)])]
+
+    def apply(self, diff, batch=True):
+        res = ApplyResult()
+        for op in diff.ops:
+            if op.ifindex == 7 or self.nodev_on_present:
+                res.failed.append((op, op.error("No such device", 19)))
+            else:
+                res.applied.append(op)
+        return res
+
+
+def test_a_write_to_a_device_that_went_away_is_not_a_failure_one_to_a_present_device_is(tmp_path):
+    """A pod's veth deleted mid-reconcile (seen in the 1,000-pod churn): ENODEV where the link is gone is
+    noted, not failed, so health and the retry loop do not count it; ENODEV on a link that is still there
+    stays a failure."""
+    b = VanishingBackend("v", {})
+    rep = reconciler(b, tmp_path=tmp_path).apply(CFG)
+    (t,) = rep.devices
+    assert t.failed == [] and [op.key for op in t.ops] == ["here"]
+    assert t.note == "1 write(s) not made: cc7 went away during the reconcile"
+    assert rep.ok
+    b = VanishingBackend("v", {}, nodev_on_present=True)
+    (t,) = reconciler(b, tmp_path=tmp_path).apply(CFG).devices
+    assert [op.key for op, _e in t.failed] == ["here"] and "cc7" in (t.note or "")
