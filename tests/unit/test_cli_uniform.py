@@ -1,0 +1,156 @@
+"""CLI conventions made uniform: check-config's -c/--config, the root's options after the subcommand,
+-o on apply and rdma opensm-config, and a failure under -o json|yaml as one object on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import structlog
+import yaml
+
+from shaperd.backends.htb.ops import DeleteRoot
+from shaperd.cli import errout
+from shaperd.cli import main as cli
+from shaperd.cli import reconcile as cli_reconcile
+from shaperd.core import log
+from shaperd.core.errors import ConfigProblem, KernelError
+from shaperd.engine.reconciler import BackendOutcome, PlanResult, Report, TargetOutcome
+from shaperd.rdma import opensm
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "full.yaml"
+INVALID = ("tenants:\n  - {name: a, bandwidthGuarantee: 1Gbps, rdma: {serviceLevel: 15}}\n"
+           "  - {name: b}\n")
+INVALID_PATHS = ["tenants[0].rdma.serviceLevel", "tenants[1].bandwidthGuarantee"]
+TENANTS = """
+node: {capacity: 100Gbps, reserve: 1Gbps}
+tenants:
+  - {name: tenant-a, bandwidthGuarantee: 40Gbps, priority: 100}
+  - {name: tenant-b, bandwidthGuarantee: 20Gbps, priority: 50}
+"""
+OP = DeleteRoot(device="eth0", ifindex=2)
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """cli.main configures structlog onto this test's captured stderr; later tests must not log into it."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+@pytest.fixture
+def invalid(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text(INVALID)
+    return p
+
+
+@pytest.fixture
+def tenants(tmp_path):
+    p = tmp_path / "tenants.yaml"
+    p.write_text(TENANTS)
+    return p
+
+
+# -o json|yaml: a failure as an object on stdout, and on stderr as before
+
+
+def test_a_bad_tenants_file_under_json_is_an_object_for_every_command(invalid, capsys):
+    """main's handler: a ConfigError raised inside any command (here plan, before it reads the node)."""
+    assert cli.main(["plan", "-c", str(invalid), "-o", "json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["exit_code"] == 2 and [p["path"] for p in doc["error"]["problems"]] == INVALID_PATHS
+
+
+def test_error_result_takes_plain_problems_too():
+    doc = errout.error_result("m", 2, [ConfigProblem("a.b", "x"), "loose"])
+    assert doc["error"]["problems"] == [{"path": "a.b", "message": "x"}, {"path": "", "message": "loose"}]
+
+
+# the root's options after the subcommand
+
+
+def _leaves(p: argparse.ArgumentParser, argv=()):
+    """argv of every runnable subcommand (the parsers with no subcommands of their own)."""
+    subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield list(argv)
+    for a in subs:
+        for name, child in a.choices.items():
+            yield from _leaves(child, [*argv, name])
+
+
+LEAVES = list(_leaves(cli.build_parser()))
+
+
+def test_the_leaves_are_every_command():
+    names = {" ".join(a) for a in LEAVES}
+    assert {"plan", "apply", "check-config", "run", "rdma opensm-config", "rdma status", "completion"} <= names
+
+
+@pytest.mark.parametrize("argv", LEAVES, ids=" ".join)
+def test_every_subcommand_accepts_the_root_options_after_it(argv):
+    sub = _parser_of(cli.build_parser(), argv)
+    dests = {a.dest for a in sub._actions}
+    assert {"log_level", "log_json"} <= dests and any("--version" in a.option_strings for a in sub._actions)
+    assert [s for a in sub._actions for s in a.option_strings].count("--log-level") == 1
+
+
+def _parser_of(p, argv):
+    for name in argv:
+        p = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    return p
+
+
+@pytest.mark.parametrize("argv,level,as_json", [
+    (["plan", "--log-level", "error"], "error", None),
+    (["--log-level", "debug", "plan", "--log-level", "error"], "error", None),  # after the subcommand wins
+    (["--log-level", "debug", "plan"], "debug", None),  # absent after it: the one before stays
+    (["plan"], None, None),
+    (["rdma", "opensm-config", "--log-json"], None, True),
+    (["rdma", "--log-level", "warning", "opensm-config"], "warning", None),
+    (["--log-json", "check-config", "x", "--log-level", "info"], "info", True),
+])
+def test_root_options_after_the_subcommand_and_which_wins(argv, level, as_json):
+    args = cli.build_parser().parse_args(argv)
+    assert args.log_level == level and args.log_json is as_json
+
+
+def test_log_level_after_the_subcommand_reaches_the_logging_set_up(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(log, "configure", lambda **kw: seen.append(kw))
+    assert cli.main(["check-config", str(EXAMPLE), "--log-level", "error"]) == 0
+    assert seen == [{"json": None, "level": "error", "enabled": True}]
+
+
+def test_version_after_the_subcommand(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["plan", "--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("shaperd ")
+
+
+def test_help_lists_the_root_options_once_and_apart(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--help"])
+    out = capsys.readouterr().out
+    assert "global options (also accepted before the subcommand):" in out
+    assert out.count("--log-level {") == 2  # usage line and the group, nowhere else
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    root = capsys.readouterr().out
+    assert "global options" not in root and "--log-level" in root
+
+
+@pytest.mark.parametrize("fmt", ["shell", "configmap", "json"])
+def test_a_format_of_a_commands_own_gets_no_error_object(invalid, tmp_path, capsys, fmt):
+    """rdma env's ``-o shell|configmap`` are not JSON or YAML: there a failure stays on stderr alone."""
+    assert cli.main(["rdma", "env", "a", "-c", str(invalid), "--sysfs-root", str(tmp_path), "-o", fmt]) == 2
+    cap = capsys.readouterr()
+    assert "serviceLevel" in cap.err
+    if fmt == "json":
+        assert json.loads(cap.out)["error"]["exit_code"] == 2
+    else:
+        assert cap.out == ""
