@@ -55,7 +55,55 @@ def tenants(tmp_path):
     return p
 
 
+# check-config -c FILE
+
+
+@pytest.mark.parametrize("how", [["-c"], ["--config"], [], ["--config", "SAME"]], ids=["-c", "--config",
+                                                                                       "positional", "both same"])
+def test_check_config_takes_the_file_as_every_command_does(how, capsys):
+    argv = ["check-config", *[str(EXAMPLE) if a == "SAME" else a for a in how], str(EXAMPLE), "-o", "json"]
+    assert cli.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["valid"] is True and doc["file"] == str(EXAMPLE) and doc["tenants"]
+
+
+def test_check_config_without_a_file_checks_the_agents_default(monkeypatch):
+    seen = []
+    monkeypatch.setattr("shaperd.cli.config.load_file", lambda path: seen.append(path) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["check-config"])
+    assert seen == ["/etc/shaperd/traffic-shaping.yaml"]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_check_config_with_two_different_files_is_a_usage_error_naming_both(fmt, invalid, capsys):
+    assert cli.main(["check-config", str(EXAMPLE), "-c", str(invalid), "-o", fmt]) == 2
+    cap = capsys.readouterr()
+    assert str(EXAMPLE) in cap.err and str(invalid) in cap.err and "usage: shaperd check-config" in cap.err
+    if fmt == "json":
+        doc = json.loads(cap.out)
+        assert doc["ok"] is False and doc["error"]["exit_code"] == 2
+        assert str(EXAMPLE) in doc["error"]["message"] and str(invalid) in doc["error"]["message"]
+    else:
+        assert cap.out == ""
+
+
 # -o json|yaml: a failure as an object on stdout, and on stderr as before
+
+
+def test_check_config_json_on_an_invalid_file_prints_the_problems_with_their_paths(invalid, capsys):
+    assert cli.main(["check-config", "-c", str(invalid), "-o", "json"]) == 2
+    cap = capsys.readouterr()
+    doc = json.loads(cap.out)
+    assert doc["valid"] is False and doc["ok"] is False and doc["file"] == str(invalid)
+    assert doc["error"]["exit_code"] == 2
+    assert [p["path"] for p in doc["error"]["problems"]] == INVALID_PATHS
+    assert "expected an InfiniBand service level" in doc["error"]["problems"][0]["message"]
+    assert cap.err.startswith("shaperd: invalid tenants file") and all(p in cap.err for p in INVALID_PATHS)
+    assert cli.main(["check-config", str(invalid), "-o", "yaml"]) == 2
+    assert yaml.safe_load(capsys.readouterr().out) == doc
+    assert cli.main(["check-config", str(invalid)]) == 2  # text: stderr only, as before
+    assert capsys.readouterr().out == ""
 
 
 def test_a_bad_tenants_file_under_json_is_an_object_for_every_command(invalid, capsys):
