@@ -113,9 +113,59 @@ def test_a_bad_tenants_file_under_json_is_an_object_for_every_command(invalid, c
     assert doc["error"]["exit_code"] == 2 and [p["path"] for p in doc["error"]["problems"]] == INVALID_PATHS
 
 
+def test_a_kernel_failure_under_json_is_an_object_with_exit_1(monkeypatch, capsys):
+    def boom(args, **kw):
+        raise KernelError("open", "rtnetlink", "netns x", "no such namespace")
+
+    monkeypatch.setattr(cli_reconcile, "_reconciler", boom)
+    assert cli.main(["apply", "-c", str(EXAMPLE), "-o", "json"]) == 1
+    cap = capsys.readouterr()
+    doc = json.loads(cap.out)
+    assert doc == {"ok": False, "error": {"message": str(KernelError("open", "rtnetlink", "netns x",
+                                                                     "no such namespace")),
+                                          "exit_code": 1, "problems": []}}
+    assert "no such namespace" in cap.err
+    assert cli.main(["diff", "-c", str(EXAMPLE), "-o", "json"]) == 3  # diff keeps its own code for it
+    assert json.loads(capsys.readouterr().out)["error"]["exit_code"] == 3
+    assert cli.main(["apply", "-c", str(EXAMPLE)]) == 1
+    assert capsys.readouterr().out == ""
+
+
 def test_error_result_takes_plain_problems_too():
     doc = errout.error_result("m", 2, [ConfigProblem("a.b", "x"), "loose"])
     assert doc["error"]["problems"] == [{"path": "a.b", "message": "x"}, {"path": "", "message": "loose"}]
+
+
+# apply -o
+
+
+def _apply_with(monkeypatch, rep):
+    class Rec:
+        capabilities = None
+
+        def apply(self, cfg):
+            return rep
+
+    monkeypatch.setattr(cli_reconcile, "_reconciler", lambda args, **kw: Rec())
+
+
+@pytest.mark.parametrize("target,code", [
+    (TargetOutcome("htb", "eth0", ops=[OP]), 0),
+    (TargetOutcome("htb", "eth0", ops=[OP], failed=[(OP, KernelError("delete", "root qdisc", "eth0", "EBUSY"))]), 1),
+], ids=["done", "a write failed"])
+def test_apply_takes_output_and_prints_what_it_did_as_one_object(monkeypatch, capsys, target, code):
+    _apply_with(monkeypatch, Report(PlanResult(), [BackendOutcome("htb", targets=[target])]))
+    assert cli.main(["apply", "-c", str(EXAMPLE), "-o", "json"]) == code
+    cap = capsys.readouterr()
+    doc = json.loads(cap.out)
+    assert doc["exit_code"] == code and doc["ok"] is (code == 0) and doc["changes"] == 1
+    assert doc["targets"][0]["ops"] == [OP.describe()] and "in_sync" not in doc
+    assert ("EBUSY" in cap.err) is (code == 1) and ("EBUSY" in doc["targets"][0]["failed"][0] if code else True)
+    assert cli.main(["apply", "-c", str(EXAMPLE), "-o", "yaml"]) == code
+    assert yaml.safe_load(capsys.readouterr().out) == doc
+    assert cli.main(["apply", "-c", str(EXAMPLE)]) == code
+    assert "1 changed" in capsys.readouterr().out
+    assert cli.build_parser().parse_args(["apply", "--json"]).output == "json"
 
 
 # the root's options after the subcommand
