@@ -168,6 +168,44 @@ def test_apply_takes_output_and_prints_what_it_did_as_one_object(monkeypatch, ca
     assert cli.build_parser().parse_args(["apply", "--json"]).output == "json"
 
 
+# rdma opensm-config -o
+
+
+def test_opensm_config_takes_output(tenants, capsys):
+    assert cli.main(["rdma", "opensm-config", "-c", str(tenants)]) == 0
+    text = capsys.readouterr().out
+    assert cli.main(["rdma", "opensm-config", "-c", str(tenants), "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is True and doc["options"]["qos"] == "TRUE"
+    for key, value in doc["options"].items():  # the object says what the text says
+        assert f"{key} {value}\n" in text
+    assert set(doc["tenant_sls"]) == {"tenant-a", "tenant-b"}
+    assert cli.main(["rdma", "opensm-config", "-c", str(tenants), "-o", "yaml"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == doc
+
+
+def test_opensm_config_write_under_json_says_what_it_did(tenants, tmp_path, capsys):
+    conf = tmp_path / "opensm.conf"
+    conf.write_text("# site\nlog_flags 0x03\n")
+    argv = ["rdma", "opensm-config", "-c", str(tenants), "--write", str(conf), "--no-signal", "-o", "json"]
+    assert cli.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["write"]["written"] is True and doc["write"]["signalled"] == []
+    assert any(m.startswith("wrote ") for m in doc["write"]["messages"])
+    assert opensm.BEGIN_MARK in conf.read_text() and "log_flags 0x03\n" in conf.read_text()
+    assert cli.main(argv) == 0  # unchanged the second time
+    assert json.loads(capsys.readouterr().out)["write"]["written"] is False
+
+
+def test_opensm_config_refusal_under_json_is_an_object(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tenants:\n  - {name: a, bandwidthGuarantee: 1Gbps, rdma: {serviceLevel: 15}}\n")
+    assert cli.main(["rdma", "opensm-config", "-c", str(bad), "-o", "json"]) == 2
+    cap = capsys.readouterr()
+    doc = json.loads(cap.out)
+    assert doc["error"]["problems"][0]["path"] == "tenants[0].rdma.serviceLevel" and "serviceLevel" in cap.err
+
+
 # the root's options after the subcommand
 
 
