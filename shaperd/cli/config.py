@@ -1,4 +1,9 @@
-"""``shaperd check-config FILE``: validate a tenants file and print the tenants as shaperd normalised them.
+"""``shaperd check-config [-c FILE]``: validate a tenants file and print the tenants as shaperd normalised them.
+
+The file is ``-c/--config FILE`` as for every command (default the agent's
+file); the positional ``FILE`` is kept, and naming two different files is a
+usage error. ``-o json|yaml`` on an invalid file prints the error object
+(cli/errout.py) with each problem's field path.
 
 Text: the tenants table (guarantee, limit, the ingress guarantee and limit,
 priority, the HTB prio it gets, what it matches), destination scopes,
@@ -13,23 +18,40 @@ Must not: touch the node (no kernel, no sysfs): it checks the file alone.
 from __future__ import annotations
 
 from shaperd.backends.htb.plan import MAX_TENANT_PRIO, htb_prios
+from shaperd.cli.errout import UsageError, fail_from
+from shaperd.cli.node import DEFAULT_CONFIG
 from shaperd.core import format as output
 from shaperd.core.config import Config, load_file
-from shaperd.core.exitcodes import EXIT_OK
+from shaperd.core.errors import ConfigError
+from shaperd.core.exitcodes import EXIT_BAD_INPUT, EXIT_OK
 from shaperd.core.units import format_rate
 
 
 def register(sub) -> None:
     p = sub.add_parser("check-config", help="validate a tenants file and print the normalised tenants table")
-    p.add_argument("file")
+    p.add_argument("file", nargs="?", metavar="FILE", help="the tenants file (the older spelling of --config FILE)")
+    p.add_argument("--config", "-c", default=None, metavar="FILE",
+                   help=f"tenants file (default {DEFAULT_CONFIG})")
     output.add_output(p)
-    p.set_defaults(fn=cmd_check_config)
+    p.set_defaults(fn=cmd_check_config, usage_parser=p)
+
+
+def config_path(args) -> str:
+    """The file to check: ``-c/--config`` or the positional FILE (the same file when both are given)."""
+    if args.file is not None and args.config is not None and args.file != args.config:
+        raise UsageError(f"check-config: FILE ({args.file}) and --config ({args.config}) name different files; "
+                         "give one")
+    return args.config or args.file or DEFAULT_CONFIG
 
 
 def cmd_check_config(args) -> int:
-    cfg = load_file(args.file)
+    args.file = path = config_path(args)
+    try:
+        cfg = load_file(path)
+    except ConfigError as e:  # the error object says which file, and that it is not valid
+        return fail_from(args, e, EXIT_BAD_INPUT, file=path, valid=False)
     if output.machine(args):
-        output.emit(check_config_result(args.file, cfg), args)
+        output.emit(check_config_result(path, cfg), args)
         return EXIT_OK
     prios = htb_prios(cfg.tenants)
     rows = [("TENANT", "GUARANTEE", "LIMIT", "INGRESS GUARANTEE", "INGRESS LIMIT", "PRIORITY", "HTB PRIO", "MATCH")]

@@ -16,7 +16,10 @@ option), webhook, demo. Read commands take ``-o text|json|yaml`` (core/format.py
 
 Log lines (core/log.py) go to stderr from the daemons, ``run`` and
 ``webhook`` (their groups set ``log_lines``), and from any other command
-only when asked for with ``--log-json`` or ``--log-level``. Otherwise a
+only when asked for with ``--log-json`` or ``--log-level``. The root's options
+are accepted after the subcommand as well (``global_options``); there the later
+value wins. Under ``-o json|yaml`` a failure is also one object on stdout
+(cli/errout.py). Otherwise a
 command says what happened in its output and its problems as plain
 ``shaperd: ...`` lines on stderr (core/exitcodes.err), nothing else.
 """
@@ -28,25 +31,49 @@ import sys
 
 from shaperd.cli import config, demo, meta, rdma, reconcile, run, status, webhook
 from shaperd.core import log
-from shaperd.core.errors import ConfigError, KernelError, ShaperdError
-from shaperd.core.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, err
+from shaperd.cli.errout import UsageError, fail_from
+from shaperd.core.errors import ConfigError, ShaperdError
+from shaperd.core.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 GROUPS = (config, reconcile, run, status, rdma, meta, webhook, demo)
 
 
+def global_options(p, root: bool) -> None:
+    """The root parser's options. Every subcommand's parser gets them too (``root`` False), with defaults
+    suppressed: given after the subcommand a value overrides the one before it, absent it leaves it alone."""
+    dflt = (lambda v: v) if root else (lambda v: argparse.SUPPRESS)
+    g = p if root else p.add_argument_group("global options (also accepted before the subcommand)")
+    g.add_argument("--version", action=meta.VersionAction,
+                   help="print version, git commit, Python and pyroute2, and exit")
+    g.add_argument("--log-json", dest="log_json", action="store_true", default=dflt(None),
+                   help="JSON log lines (default when stderr is not a terminal); commands other than run and "
+                        "webhook write log lines only when given this or --log-level")
+    g.add_argument("--log-level", default=dflt(None), choices=["debug", "info", "warning", "error"],
+                   help="log lines at this level and above (default info)")
+
+
+def _subparsers(p: argparse.ArgumentParser):
+    """Every parser below ``p`` (subcommands, and theirs), each once."""
+    seen: set[int] = set()
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                if id(child) not in seen:  # an alias names the same parser again
+                    seen.add(id(child))
+                    yield child
+                    yield from _subparsers(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="shaperd", description=__doc__.splitlines()[0])
-    ap.add_argument("--version", action=meta.VersionAction,
-                    help="print version, git commit, Python and pyroute2, and exit")
-    ap.add_argument("--log-json", dest="log_json", action="store_true", default=None,
-                    help="JSON log lines (default when stderr is not a terminal); commands other than run and "
-                         "webhook write log lines only when given this or --log-level")
-    ap.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
-                    help="log lines at this level and above (default info)")
+    global_options(ap, root=True)
     ap.set_defaults(root_parser=ap)  # for `completion`, which prints a script made from this parser
     sub = ap.add_subparsers(dest="cmd", required=True)
     for group in GROUPS:
         group.register(sub)
+    for p in _subparsers(ap):
+        if "-" in p.prefix_chars:  # not demo without the bed: it takes every argument as its own
+            global_options(p, root=False)
     return ap
 
 
@@ -57,15 +84,15 @@ def main(argv: list[str] | None = None) -> int:
                   enabled=asked or getattr(args, "log_lines", False))
     try:
         return args.fn(args)
+    except UsageError as e:
+        usage = getattr(args, "usage_parser", None)
+        if usage is not None:
+            usage.print_usage(sys.stderr)
+        return fail_from(args, e, EXIT_BAD_INPUT)
     except ConfigError as e:
-        err(str(e))
-        return EXIT_BAD_INPUT
-    except KernelError as e:
-        err(str(e))
-        return EXIT_FAILED
-    except ShaperdError as e:
-        err(str(e))
-        return EXIT_FAILED
+        return fail_from(args, e, EXIT_BAD_INPUT)
+    except ShaperdError as e:  # KernelError and the rest: something failed
+        return fail_from(args, e, EXIT_FAILED)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:

@@ -6,6 +6,8 @@ tables, the high-priority limit, per-port-type sets where they differ). With
 keeping every other line byte for byte, and sends SIGHUP to the opensm that
 reads that file. Exit codes: 0 done (also when nothing changed), 1 the write
 or the signal failed, 2 bad input or output OpenSM would not take.
+``-o json|yaml``: the options (and what ``--write`` did) as one object; a
+failure as cli/errout.py's error object.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from shaperd.cli.errout import fail_from
 from shaperd.cli.node import DEFAULT_CONFIG
+from shaperd.core import format as output
 from shaperd.rdma import opensm
 from shaperd.rdma.opensm import max_vls_arg  # noqa: F401 - the --max-vls type, shared with rdma status
 from shaperd.rdma import opensm_file
@@ -39,6 +43,8 @@ def register(sub, node_opts) -> None:
     p.add_argument("--opensm-pid-file", metavar="PATH",
                    help="signal the opensm whose pid this file holds (default: every opensm reading OPTS_FILE)")
     p.add_argument("--no-signal", action="store_true", help="with --write: write the file, do not signal opensm")
+    output.add_output(p, "text: the options as OpenSM reads them, or what --write did (default); json|yaml: "
+                         "the options, the tenants' SLs and warnings, and what --write did, as one object")
     p.set_defaults(fn=run)
 
 
@@ -50,30 +56,48 @@ def rendered(args) -> opensm.OpenSmConfig:
     return opensm.render(cfg, plan(cfg, inv, tenancy(cfg, inv)), dict(args.max_vls))
 
 
+def result(out: opensm.OpenSmConfig) -> dict:
+    """The -o json|yaml object: the options in the order OpenSM's file holds them, the tenants' SLs, warnings."""
+    return {"ok": True, "options": dict(out.options()), "tenant_sls": dict(out.tenant_sls),
+            "warnings": list(out.warnings)}
+
+
 def run(args) -> int:
     try:
         out = rendered(args)
     except opensm.OpenSmConfigError as e:
-        err(str(e))
-        return EXIT_BAD_INPUT
+        return fail_from(args, e, EXIT_BAD_INPUT)
     for w in out.warnings:
         err(f"warning: {w}")
     if not args.write:
-        sys.stdout.write(out.text())
+        if output.machine(args):
+            output.emit(result(out), args)
+        else:
+            sys.stdout.write(out.text())
         return EXIT_OK
-    return write(args, out)
+    if not output.machine(args):
+        return write(args, out)  # each step printed as it is done
+    said: list[str] = []
+    signalled: list[int] = []
+    code = write(args, out, said.append, signalled)
+    if code == EXIT_OK:
+        output.emit({**result(out), "write": {"file": args.write, "written": any(l.startswith("wrote ") for l in said),
+                                              "signalled": signalled, "messages": said}}, args)
+    return code
 
 
-def write(args, out: opensm.OpenSmConfig) -> int:
+def write(args, out: opensm.OpenSmConfig, print=print, signalled=None) -> int:
+    """--write: merge, write and signal; each step said through ``print``, each pid signalled added to
+    ``signalled``."""
     from shaperd.rdma import opensm_host as host
 
+    signalled = [] if signalled is None else signalled
     path = Path(args.write)
     old = host.read_text(path)
     try:
         merged = opensm_file.merge(old or "", out.text(), name=str(path))
     except opensm_file.OptionsFileError as e:
-        err(str(e))
-        return EXIT_BAD_INPUT
+        return fail_from(args, e, EXIT_BAD_INPUT)
     if old is not None and merged.text == old:
         print(f"{path}: the QoS options are already as rendered; not written, opensm not signalled")
         return EXIT_OK
@@ -105,6 +129,7 @@ def write(args, out: opensm.OpenSmConfig) -> int:
         return EXIT_OK
     for t in targets:
         host.hup(t)
+        signalled.append(t.pid)
         print(f"sent SIGHUP to opensm pid {t.pid}: it re-reads {real} and reprograms SL2VL and VL arbitration "
               "in its next heavy sweep")
     return EXIT_OK

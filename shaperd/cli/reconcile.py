@@ -6,7 +6,8 @@
   tests in a network namespace of its own); writes nothing.
 - ``diff``: what ``apply`` would change; exits like ``kubectl diff`` (0 in
   sync, 1 changes pending, 2 bad input, 3 a device unreadable or left alone).
-- ``apply``: reconcile once and exit, printing what changed.
+- ``apply``: reconcile once and exit, printing what changed (``-o json|yaml``:
+  diff's object of what was done, with the exit code).
 - ``teardown``: remove what shaperd owns and nothing else; ``--dry-run``
   prints the same removals as "would ..." and sends none.
 
@@ -17,6 +18,7 @@ diff, apply and teardown print their Report the same way (``_print_outcomes``,
 
 from __future__ import annotations
 
+from shaperd.cli.errout import fail_from
 from shaperd.cli.node import node_opts
 from shaperd.cli.node import reconciler as _reconciler
 from shaperd.core import format as output
@@ -42,6 +44,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("apply", help="reconcile once and exit; prints what changed")
     node_opts(p)
+    output.add_output(p, "text: what changed (default); json|yaml: the same as diff's object, of what was done")
     p.add_argument("--take-over", action="store_true", help=TAKE_OVER_HELP)
     p.set_defaults(fn=cmd_apply)
 
@@ -103,8 +106,7 @@ def cmd_diff(args) -> int:
     except ShaperdError as e:  # not ConfigError (that is bad input, exit 2): the node could not be read
         if isinstance(e, ConfigError):
             raise
-        err(str(e))
-        return EXIT_DIFF_ERROR
+        return fail_from(args, e, EXIT_DIFF_ERROR)
     if output.machine(args):
         output.emit(outcomes_result(rep, planned=True), args)
     else:
@@ -134,8 +136,23 @@ def cmd_apply(args) -> int:
     cfg = load_file(args.config)
     rec = _reconciler(args)
     rep = rec.apply(cfg)
-    _print_outcomes(rep, planned=False)
+    if output.machine(args):
+        _print_errors(rep)  # stderr says what failed in every format; stdout holds the one object
+        output.emit({**outcomes_result(rep, planned=False), "exit_code": _exit(rep)}, args)
+    else:
+        _print_outcomes(rep, planned=False)
     return _exit(rep)
+
+
+def _print_errors(rep) -> None:
+    for d in rep.devices:
+        if d.error:
+            err(d.error)
+        if d.blocked:
+            err(f"{d.device}: {d.blocked}")
+        for op, e in d.failed:
+            err(str(e))
+    _print_problems(rep.plan)
 
 
 def _exit(rep) -> int:
