@@ -4,10 +4,12 @@
 def _version() -> str:
     # Written by the build from the git tag (pyproject.toml [tool.setuptools_scm]); else the
     # installed distribution's metadata; else a version that says it is not known.
+    import json
+    from pathlib import Path
+
     try:
-        from shaperd._version import version
-        return version
-    except ImportError:
+        return str(json.loads(Path(__file__).with_name("_version.json").read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     from importlib import metadata
     try:

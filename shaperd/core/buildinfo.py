@@ -2,12 +2,12 @@
 
 The version comes from the git tag: the build (setuptools-scm, pyproject.toml
 ``[tool.setuptools_scm]``) writes it, with the commit it was built from, into
-``shaperd/_version.py``; a wheel, an sdist and the image carry that file.
+``shaperd/_version.json``; a wheel, an sdist and the image carry that file.
 The commit, in this order: ``shaperd/_build.json`` (an explicit stamp by
 ``scripts/stamp-build``, e.g. CI naming its own commit); in a git checkout
 (an editable install: the directory above the package holds ``.git``),
 ``git rev-parse`` with a deadline, since the checkout moves on after install;
-the commit in ``_version.py``; otherwise unknown (None), never made up. Read
+the commit in ``_version.json``; otherwise unknown (None), never made up. Read
 by ``shaperd --version`` (cli/meta.py) and the ``shaperd_build_info`` metric.
 
 Must not: touch the kernel or the network.
@@ -26,6 +26,7 @@ from shaperd import __version__
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 BUILD_FILE = PACKAGE_DIR / "_build.json"
+VERSION_FILE = PACKAGE_DIR / "_version.json"
 GIT_DEADLINE_S = 2.0
 SHORT = 12
 
@@ -60,12 +61,11 @@ def _git_commit(package_dir: Path) -> str | None:
 
 
 def _built_commit() -> str | None:
-    """The commit the build wrote into shaperd/_version.py, or None (no such file: not built by setuptools-scm)."""
+    """The commit the build wrote into shaperd/_version.json, or None (not built by setuptools-scm)."""
     try:
-        from shaperd import _version
-    except ImportError:
+        return _short(json.loads(VERSION_FILE.read_text()).get("commit"))
+    except (OSError, ValueError, AttributeError):
         return None
-    return _short(getattr(_version, "commit", None))
 
 
 def build_info(build_file: Path = BUILD_FILE, package_dir: Path = PACKAGE_DIR,

@@ -83,7 +83,7 @@ def test_pyproject_takes_the_version_from_the_tag_not_a_fixed_one():
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" not in conf["project"] and "version" in conf["project"]["dynamic"]
     assert any(r.startswith("setuptools-scm") for r in conf["build-system"]["requires"])
-    assert conf["tool"]["setuptools_scm"]["version_file"] == "shaperd/_version.py"
+    assert conf["tool"]["setuptools_scm"]["version_file"] == "shaperd/_version.json"
     assert "version = " not in (ROOT / "shaperd" / "__init__.py").read_text().replace("__version__ = _version()", "")
 
 
@@ -92,7 +92,7 @@ def test_a_wheel_built_at_a_tag_says_its_version_and_commit(tmp_path):
     for name in ("README.md", "LICENSE"):
         shutil.copy(ROOT / name, repo / name)
     shutil.copytree(ROOT / "shaperd", repo / "shaperd",
-                    ignore=shutil.ignore_patterns("__pycache__", "_version.py", "_build.json"))
+                    ignore=shutil.ignore_patterns("__pycache__", "_version.json", "_build.json"))
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", ".")
     git(repo, "commit", "-q", "-m", "release")
@@ -128,7 +128,7 @@ def test_an_editable_checkout_asks_git_for_its_commit(tmp_path):
     if (ROOT / ".git").exists():
         info = buildinfo.build_info(build_file=tmp_path / "none.json", built_commit=lambda: None)
         assert info["commit"] == git(ROOT, "rev-parse", "--short=12", "HEAD")
-    # not a checkout: the build's commit from _version.py ('g' + the full id, as setuptools-scm writes it)
+    # not a checkout: the build's commit from _version.json ('g' + the full id, as setuptools-scm writes it)
     info = buildinfo.build_info(build_file=tmp_path / "none.json", package_dir=tmp_path / "site" / "shaperd",
                                 built_commit=lambda: buildinfo._short("g" + "a" * 40))
     assert info["commit"] == "a" * 12
