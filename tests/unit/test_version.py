@@ -87,7 +87,8 @@ def test_pyproject_takes_the_version_from_the_tag_not_a_fixed_one():
     assert "version = " not in (ROOT / "shaperd" / "__init__.py").read_text().replace("__version__ = _version()", "")
 
 
-def test_a_wheel_built_at_a_tag_says_its_version_and_commit(tmp_path):
+def tagged_copy(tmp_path: Path, tag: str) -> tuple[Path, str]:
+    """A git repository of this checkout's package files, committed and tagged; (its path, HEAD)."""
     repo = new_repo(tmp_path, commit=False)
     for name in ("README.md", "LICENSE"):
         shutil.copy(ROOT / name, repo / name)
@@ -96,24 +97,56 @@ def test_a_wheel_built_at_a_tag_says_its_version_and_commit(tmp_path):
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", ".")
     git(repo, "commit", "-q", "-m", "release")
-    git(repo, "tag", "v1.2.3")
-    head = git(repo, "rev-parse", "HEAD")
-    out = tmp_path / "dist"
+    git(repo, "tag", tag)
+    return repo, git(repo, "rev-parse", "HEAD")
+
+
+def build_wheel(src: Path, out: Path) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "--no-index",
-                    "--disable-pip-version-check", "-w", str(out), str(repo)],
+                    "--disable-pip-version-check", "-w", str(out), str(src)],
                    check=True, capture_output=True, text=True, env=GIT_ENV, timeout=DEADLINE_S)
     (wheel,) = out.glob("shaperd-*.whl")
-    assert wheel.name == "shaperd-1.2.3-py3-none-any.whl"
+    return wheel
+
+
+def version_of_wheel(wheel: Path, tmp_path: Path) -> str:
+    """What `shaperd --version` prints from the unpacked wheel: no .git beside the package, no stamp."""
     unpacked = tmp_path / "site"
     with zipfile.ZipFile(wheel) as z:
         z.extractall(unpacked)
-        assert "version: 1.2.3" in z.read("shaperd-1.2.3.dist-info/METADATA").decode().lower()
-    # What an installed wheel says: no .git beside the package, no stamp; the commit is the build's.
     r = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                         "from shaperd.cli.main import main; main(['--version'])", str(unpacked)],
                        capture_output=True, text=True, timeout=DEADLINE_S, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith(f"shaperd 1.2.3 (commit {head[:12]}; "), r.stdout
+    return r.stdout
+
+
+def test_a_wheel_built_at_a_tag_says_its_version_and_commit(tmp_path):
+    repo, head = tagged_copy(tmp_path, "v1.2.3")
+    wheel = build_wheel(repo, tmp_path / "dist")
+    assert wheel.name == "shaperd-1.2.3-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as z:
+        assert "version: 1.2.3" in z.read("shaperd-1.2.3.dist-info/METADATA").decode().lower()
+    assert version_of_wheel(wheel, tmp_path).startswith(f"shaperd 1.2.3 (commit {head[:12]}; ")
+
+
+def test_a_wheel_built_from_the_sdist_keeps_the_tag_and_the_commit(tmp_path):
+    # The sdist has no .git: its PKG-INFO and shaperd/_version.json carry the version and commit on.
+    repo, head = tagged_copy(tmp_path, "v2.0.0")
+    sdist_dir = tmp_path / "sdist"
+    r = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+                        "print(b.build_sdist(sys.argv[1]))", str(sdist_dir)],
+                       cwd=repo, capture_output=True, text=True, env=GIT_ENV, timeout=DEADLINE_S, check=True)
+    assert r.stdout.strip().splitlines()[-1] == "shaperd-2.0.0.tar.gz"
+    import tarfile
+
+    with tarfile.open(sdist_dir / "shaperd-2.0.0.tar.gz") as t:
+        t.extractall(tmp_path / "unpacked", filter="data")
+    src = tmp_path / "unpacked" / "shaperd-2.0.0"
+    assert not (src / ".git").exists()
+    wheel = build_wheel(src, tmp_path / "dist")
+    assert wheel.name == "shaperd-2.0.0-py3-none-any.whl"
+    assert version_of_wheel(wheel, tmp_path).startswith(f"shaperd 2.0.0 (commit {head[:12]}; ")
 
 
 def test_an_editable_checkout_asks_git_for_its_commit(tmp_path):
