@@ -34,6 +34,10 @@ def register(sub) -> None:
     p.add_argument("--web.config.file", dest="web_config_file", default=None, metavar="FILE",
                    help="TLS and basic auth for the metrics endpoint, in Prometheus exporter-toolkit's "
                         "web-config.yml format (default: plain HTTP, no auth)")
+    p.add_argument("--metrics-all-tenants", action="store_true",
+                   help="export the per-tenant series of every tenant in the tenants file (default: only the "
+                        "tenants present on this node: a pod, an address, a host interface, a cgroup or an RDMA "
+                        "device here)")
     p.add_argument("--node-name", default=None,
                    help="watch this node's pods through the Kubernetes API (default: $NODE_NAME; unset: no Kubernetes)")
     p.add_argument("--kubeconfig", default=None,
@@ -114,5 +118,5 @@ def cmd_run(args) -> int:
                netns=getattr(args, "netns", None), pod_watcher_factory=factory, pod_resources=pod_resources,
                sm_check_settings=SmCheckSettings(interval_s=args.sm_check_interval, max_vls=dict(args.max_vls)),
                config_source=config_source, volcano_factory=volcano_factory, cilium_factory=cilium_factory,
-               web_config_file=args.web_config_file)
+               web_config_file=args.web_config_file, metrics_all_tenants=args.metrics_all_tenants)
     return d.run()

@@ -73,7 +73,8 @@ class Daemon:
     def __init__(self, config_path: str, make_reconciler, resync_interval_s: float = 30.0,
                  metrics_address: str | None = None, netns: str | None = None, pod_watcher_factory=None,
                  pod_resources=None, sm_check_settings=None, config_source=None, volcano_factory=None,
-                 cilium_factory=None, web_config_file: str | None = None):
+                 cilium_factory=None, web_config_file: str | None = None,
+                 metrics_all_tenants: bool = False):
         self.path = config_path
         # discovery.kubernetes.configmap.ConfigMapSource (--config-map): the tenants file through the API.
         self.config_source = config_source
@@ -105,6 +106,8 @@ class Daemon:
         self._stop_failed: list[str] = []  # components whose stop raised at shutdown
         self.metrics_address = metrics_address or None
         self.web_config_file = web_config_file or None  # report/webconfig.py: TLS and basic auth on /metrics
+        # Per-tenant series of every tenant (True), or of those present on the node only (report/presence.py).
+        self.metrics_all_tenants = metrics_all_tenants
         self.netns = netns
         self.metrics = None  # report.metrics.Metrics when serving
         self.sampler = None
@@ -495,7 +498,7 @@ class Daemon:
         from shaperd.report.rdma_smcheck import SmChecker, SmCheckSettings, kernel_reader
 
         self.sampler = Sampler(_stats_reader(self.netns))
-        self.metrics = Metrics(self.sampler)
+        self.metrics = Metrics(self.sampler, all_tenants=self.metrics_all_tenants)
         self.rdma_sampler = RdmaSampler(_rdma_reader(rec.roots))
         settings = self.sm_check_settings or SmCheckSettings()
         self.sm_checker = SmChecker(kernel_reader(settings), settings)
@@ -526,11 +529,15 @@ class Daemon:
             for tenant in rep.plan.pod_tenants.values():
                 pods[tenant] = pods.get(tenant, 0) + 1
             self.metrics.kubernetes(self.pods.synced, self.pods.last_error, pods)
+        inv = getattr(rep, "inventory", None)
+        if self.config is not None and inv is not None:
+            from shaperd.report.presence import present_tenants
+
+            self.metrics.present(present_tenants(self.config, inv, rep.plan.tenancy, pods_known=self.pods is not None))
         if self.sampler is not None:
             self.sampler.set_targets(rep.targets)
         if self.rdma_sampler is not None and self.config is not None:
             self.rdma_sampler.set_targets(rdma_targets(self.config, rep))
-        inv = getattr(rep, "inventory", None)
         if self.sm_checker is not None and self.config is not None and inv is not None:
             self.sm_checker.set_inputs(self.config, inv, rdma_plan_of(self.config, rep))
 

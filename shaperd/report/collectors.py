@@ -18,6 +18,10 @@ rendering) and text (``exposition``, what /metrics serves; the tenant
 families are written directly, because building ~5100 Sample objects for
 64 tenants on 8 devices cost 20-35 ms per scrape).
 
+Per-tenant series cover the tenants a ``report.presence.SeriesFilter`` wants: by default those present on
+this node (a pod, an address, a host interface, a cgroup or an RDMA device here), every tenant with
+``shaperd run --metrics-all-tenants``. A capped pod's own series are always exported (the pod is here).
+
 Must not: change AgentState or the sampler (they are read under their own
 lock or as an immutable snapshot).
 """
@@ -35,6 +39,7 @@ from shaperd import __version__
 from shaperd.core import buildinfo
 from shaperd.report.exposition import Families, escape_label_value, label_text, render_family
 from shaperd.report.health import AgentState
+from shaperd.report.presence import SeriesFilter
 from shaperd.report.sampler import Sampler, Snapshot
 
 # The tenants collector reports failure when its snapshot is older than this.
@@ -83,10 +88,12 @@ class TenantCollector(Collector):
     it was rendered from: scrapes between two samples (0.5 s apart) reuse it.
     """
 
-    def __init__(self, sampler: Sampler | None, clock=time.time):
-        """``clock``: wall-clock seconds, compared with the snapshot's ``taken_at`` (STALE_AFTER_S)."""
+    def __init__(self, sampler: Sampler | None, clock=time.time, series_filter: SeriesFilter | None = None):
+        """``clock``: wall-clock seconds, compared with the snapshot's ``taken_at`` (STALE_AFTER_S);
+        ``series_filter``: which tenants' series to export (None: every tenant's)."""
         self.sampler, self.clock = sampler, clock
-        self._cached: tuple[Snapshot, str] | None = None
+        self.filter = series_filter if series_filter is not None else SeriesFilter(all_tenants=True)
+        self._cached: tuple[Snapshot, frozenset[str] | None, str] | None = None
 
     def _snapshot(self) -> Snapshot:
         return self.sampler.snapshot if self.sampler else Snapshot()
@@ -100,7 +107,7 @@ class TenantCollector(Collector):
         return self.collect_from(self._snapshot())
 
     def collect_from(self, snap: Snapshot):
-        tenants = [s for s in snap.series if not s.target.pod]
+        tenants = [s for s in snap.series if not s.target.pod and self.filter.wanted(s.target.tenant)]
         for mtype, name, doc, attr in TENANT_FAMILIES:
             fam = (CounterMetricFamily if mtype == "counter" else GaugeMetricFamily)(name, doc, labels=list(TENANT_LABELS))
             for s in tenants:
@@ -129,18 +136,20 @@ class TenantCollector(Collector):
     def render(self) -> tuple[str, str | None]:
         """(exposition text of every family ``collect`` yields, why the collector is unhealthy or None)."""
         snap = self._snapshot()
+        present = self.filter.present
         cached = self._cached
-        if cached is not None and cached[0] is snap:
-            text = cached[1]
+        if cached is not None and cached[0] is snap and cached[1] is present:
+            text = cached[2]
         else:
-            text = self.render_snapshot(snap)
-            self._cached = (snap, text)
+            text = self.render_snapshot(snap, present)
+            self._cached = (snap, present, text)
         return text, self._problem(snap)
 
     @staticmethod
-    def render_snapshot(snap: Snapshot) -> str:
+    def render_snapshot(snap: Snapshot, present: frozenset[str] | None = None) -> str:
+        """``present``: the tenants whose series are written (None: every tenant)."""
         labels = [(f'{{device="{escape_label_value(s.target.device)}",path="tc",tenant="{escape_label_value(s.target.tenant)}"}}', s)
-                  for s in snap.series if not s.target.pod]
+                  for s in snap.series if not s.target.pod and (present is None or s.target.tenant in present)]
         out = []
         for mtype, name, doc, attr in TENANT_FAMILIES:
             samples = [(lbl, v) for lbl, s in labels if (v := getattr(s, attr)) is not None]
@@ -165,8 +174,9 @@ class Unhealthy(Exception):
 class AgentCollector(Collector):
     """AgentState and the reconcile-duration histogram as the agent's series."""
 
-    def __init__(self, state: AgentState, histogram: Histogram):
+    def __init__(self, state: AgentState, histogram: Histogram, series_filter: SeriesFilter | None = None):
         self.state, self.hist = state, histogram
+        self.filter = series_filter if series_filter is not None else SeriesFilter(all_tenants=True)
 
     def collect(self):
         st = self.state
@@ -190,6 +200,8 @@ class AgentCollector(Collector):
             if st.endpoints:
                 ep = GaugeMetricFamily("shaperd_tenant_endpoints", "Endpoints mapped to the tenant: configured source prefixes (kind=cidr) and host interfaces matched and enforced now (kind=interface)", labels=["tenant", "kind"])
                 for tenant, kinds in sorted(st.endpoints.items()):
+                    if not self.filter.wanted(tenant):
+                        continue
                     for kind, n in sorted(kinds.items()):
                         ep.add_metric([tenant, kind], n)
                 yield ep
@@ -203,6 +215,8 @@ class AgentCollector(Collector):
             if st.pods is not None:
                 pf = GaugeMetricFamily("shaperd_tenant_pods", "Pods on this node mapped to the tenant", labels=["tenant"])
                 for tenant, n in sorted(st.pods.items()):
+                    if not self.filter.wanted(tenant):
+                        continue
                     pf.add_metric([tenant], n)
                 yield pf
         yield from self.hist.collect()

@@ -7,6 +7,8 @@
 - ``exposition``: the text format the tenants collector writes directly;
 - ``health``: ``AgentState``, what the loop recorded, and healthy/ready;
 - ``error_kinds``: which kind of error a reconcile hit;
+- ``presence``: which tenants are present on the node, whose series are
+  exported by default (``all_tenants=False``; the daemon's default);
 - prometheus_client's process and platform collectors (``process_*``, ``python_info``).
 
 /metrics serves ``Metrics.exposition()``. The registry holds the same
@@ -28,6 +30,7 @@ from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, P
 from shaperd.report.collectors import AgentCollector, TenantCollector, TimedCollectors
 from shaperd.report.error_kinds import exception_kind, report_error_kinds
 from shaperd.report.health import MAX_TICK_AGE_S, AgentState
+from shaperd.report.presence import SeriesFilter
 from shaperd.report.sampler import Sampler
 
 __all__ = ["DEFAULT_METRICS_ADDRESS", "Metrics", "exception_kind", "report_error_kinds"]
@@ -45,19 +48,23 @@ class Metrics:
     """
 
     def __init__(self, sampler: Sampler | None, registry: CollectorRegistry | None = None, *,
-                 wall=time.time, monotonic=time.monotonic):
+                 wall=time.time, monotonic=time.monotonic, all_tenants: bool = True):
+        """``all_tenants``: export every tenant's series (``--metrics-all-tenants``); False: only the tenants
+        ``present`` names (the daemon's default, report/presence.py)."""
         from shaperd.core import log
 
         self._wall, self._mono = wall, monotonic
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
         self.state = AgentState(last_tick_mono=monotonic())
         self.sampler = sampler
+        # Which tenants' series are exported; backend collectors read it too (``metrics.series_filter``).
+        self.series_filter = SeriesFilter(all_tenants=all_tenants)
         # The histogram is not registered on its own: the agent collector yields it.
         self.reconcile_seconds = Histogram("shaperd_reconcile_duration_seconds", "Time one reconcile took",
                                            buckets=RECONCILE_BUCKETS_S, registry=None)
         self.collectors = TimedCollectors({
-            "tenants": TenantCollector(sampler, clock=wall),
-            "agent": AgentCollector(self.state, self.reconcile_seconds),
+            "tenants": TenantCollector(sampler, clock=wall, series_filter=self.series_filter),
+            "agent": AgentCollector(self.state, self.reconcile_seconds, self.series_filter),
             # process_* (CPU, RSS, fds, start time: /proc/self) and python_info, as every client library exposes.
             "process": ProcessCollector(registry=None),
             "platform": PlatformCollector(registry=None),
@@ -84,6 +91,10 @@ class Metrics:
         """``degraded``: report.degraded.Degraded of this reconcile (None: not known, the last one stays)."""
         self.reconcile_seconds.observe(duration_s)
         self.state.record_reconcile(error_kinds, ok, drift, self._wall(), endpoints, degraded)
+
+    def present(self, tenants: frozenset[str]) -> None:
+        """The tenants present on the node after a reconcile: their series appear from the next scrape on."""
+        self.series_filter.set_present(tenants)
 
     def kubernetes(self, synced: bool, error: str | None, pods: dict[str, int] | None = None) -> None:
         self.state.record_kubernetes(synced, error, self._mono(), pods)

@@ -109,10 +109,18 @@ def test_pods_followed_live_through_the_api(bed, tmp_path, api):
         assert wait_for(lambda: lands_in(A, 5), DEADLINE), f"new pod's traffic not classified: {tail()}"
         assert wait_for(lambda: value("shaperd_tenant_pods", tenant="tenant-a") == 1, DEADLINE)
         assert value("shaperd_kubernetes_synced") == 1
+        # Bounded series: tenant-b has nothing on this node (no pod), so it has no series here.
+        tx = "shaperd_tenant_transmit_bytes_total"
+        assert wait_for(lambda: value(tx, tenant="tenant-a", device="up0", path="tc") is not None, DEADLINE), tail()
+        assert value(tx, tenant="tenant-b", device="up0", path="tc") is None
+        assert value("shaperd_tenant_pods", tenant="tenant-b") is None
 
         # Its label changes: it moves to tenant-b live.
         api.set_labels(uid, {"training-tenant": "tenant-b"})
         assert wait_for(lambda: lands_in(B, 5), DEADLINE), f"label change not applied: {tail()}"
+        # Now tenant-b is present and tenant-a is not: the series follow on the next scrapes.
+        assert wait_for(lambda: value(tx, tenant="tenant-b", device="up0", path="tc") is not None, DEADLINE), tail()
+        assert wait_for(lambda: value(tx, tenant="tenant-a", device="up0", path="tc") is None, DEADLINE), tail()
 
         # The API server goes away. Once the daemon knows, a reconcile (SIGHUP) runs
         # without it, and the last known mapping stays enforced.

@@ -56,3 +56,18 @@ def test_a_write_that_did_not_stick_and_an_unreadable_netdev(tmp_path):
     assert s[("shaperd_dcb_netdev_readable", (("netdev", "ens1f0"),))] == 0
     assert not any(("source", "read") in k[1] for k in s)
     assert s[("shaperd_tenant_dcb_share_ratio", _key("a", "configured"))] == 0.4
+
+
+def test_a_tenant_absent_from_the_node_has_no_dcb_series(tmp_path):
+    from shaperd.report.presence import SeriesFilter
+
+    inv = inventory(tmp_path)
+    b = DcbBackend(client=FakeDcb(["ens1f0"]))
+    _reconcile(b, _ctx(inv, cfg_text(TWO)), inv)
+    flt = SeriesFilter()
+    flt.set_present(frozenset({"a"}))
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(DcbCollector(b.status, flt))
+    tenants = {s.labels.get("tenant") for m in reg.collect() for s in m.samples} - {None}
+    assert tenants == {"a"}
+    assert {k[1] for k in _samples(b)} >= {(("netdev", "ens1f0"), ("tenant", "b"))}  # b has series unfiltered

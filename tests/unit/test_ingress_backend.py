@@ -307,3 +307,19 @@ def test_probe_disables_the_backend_where_the_kernels_files_say_ifb_or_mirred_is
         assert b.probe(Capabilities(kinds=((module, "unknown", "no evidence"),))).enabled
         assert b.probe(Capabilities(kinds=((module, "present", "/proc/modules"),))).enabled
     assert not b.probe(Capabilities(u32=False)).enabled
+
+
+def test_receive_metrics_leave_out_a_tenant_absent_from_the_node():
+    from shaperd.report.presence import SeriesFilter
+
+    _, p = make()
+    b = IngressBackend(None)
+    b.stats(p)
+    only_a = SeriesFilter()
+    only_a.set_present(frozenset({"tenant-a"}))
+    for flt, b_there in ((only_a, False), (SeriesFilter(all_tenants=True), True)):
+        reg = CollectorRegistry()
+        reg.register(IngressCollector(b, reader_factory=lambda: ReadsWithClose(p), series_filter=flt))
+        text = generate_latest(reg).decode()
+        assert 'shaperd_tenant_receive_bytes_total{device="eth0",tenant="tenant-a"}' in text
+        assert ('tenant="tenant-b"' in text) is b_there

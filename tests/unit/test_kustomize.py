@@ -67,13 +67,19 @@ def everything(tmp_path_factory) -> list[dict]:
     """The base with every component, as an operator's own overlay would combine them."""
     if KUSTOMIZE is None:
         pytest.skip("no kustomize v4+ on PATH")
-    d = tmp_path_factory.mktemp("overlay")
-    rel = os.path.relpath(DS, d)  # kustomize refuses absolute paths to bases and components
-    (d / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [f"{rel}/base"], "components": [f"{rel}/components/{c}" for c in COMPONENTS],
-        "images": [{"name": "shaperd", "newName": "ghcr.io/shaperd/shaperd", "newTag": "0.1.0"}]}))
-    return render(d)
+    return render(overlay(tmp_path_factory.mktemp("overlay"), COMPONENTS))
+
+
+def overlay(tmp: Path, components: list[str], resources: tuple[str, ...] = ("base",), **extra) -> Path:
+    """An operator's overlay in tmp of the base (or an overlay) and these components, plus extra fields."""
+    rel = os.path.relpath(DS, tmp)  # kustomize refuses absolute paths to bases and components
+    doc = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+           "resources": [f"{rel}/{r}" for r in resources], "components": [f"{rel}/components/{c}" for c in components],
+           "images": [{"name": "shaperd", "newName": "ghcr.io/shaperd/shaperd", "newTag": "0.1.0"}]}
+    for k, v in extra.items():
+        doc[k] = [f"{rel}/{x}" for x in v] if k == "transformers" else v
+    (tmp / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+    return tmp
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +89,8 @@ def rendered(everything) -> dict[str, list[dict]]:
 
 
 def test_the_components_are_the_documented_ones():
-    assert COMPONENTS == ["cilium-policies", "config-map", "monitoring", "rdma-webhook", "volcano"]
+    assert COMPONENTS == ["cilium-policies", "config-map", "gke-quota", "monitoring", "monitoring-selector",
+                          "rdma-webhook", "volcano"]
 
 
 def by_kind(docs: list[dict], kind: str) -> list[dict]:
@@ -142,7 +149,8 @@ def test_crd_objects_carry_what_their_controllers_require(rendered):
     svc = next(s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "shaperd-metrics")
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
-    assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+    # No namespaceSelector: the operator looks in the ServiceMonitor's own namespace, the Service's.
+    assert "namespaceSelector" not in sm["spec"] and sm["metadata"]["namespace"] == svc["metadata"]["namespace"]
     (pr,) = by_kind(docs, "PrometheusRule")
     assert pr["apiVersion"] == "monitoring.coreos.com/v1" and pr["spec"]["groups"]
     for g in pr["spec"]["groups"]:
@@ -333,3 +341,128 @@ def test_every_role_is_read_only_and_bound_to_the_agent(rendered):
             assert set(rule["verbs"]) <= {"get", "list", "watch"}, r["metadata"]["name"]
     for b in by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding"):
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": "shaperd", "namespace": "shaperd-system"}]
+
+
+# ---- 4. manifests that move and are picked up ------------------------------------------------
+
+# Every component but config-map, whose Role and RoleBinding live in the ConfigMap's namespace
+# (kubeflow here): a `namespace:` overlay moves them too, so that component is edited per site anyway.
+MOVABLE = [c for c in COMPONENTS if c != "config-map"]
+
+
+@pytest.fixture(scope="module")
+def moved(tmp_path_factory) -> tuple[str, str]:
+    """The base and every movable component with `namespace: netshape`: with daemonset/namespace-refs, without."""
+    if KUSTOMIZE is None:
+        pytest.skip("no kustomize v4+ on PATH")
+    out = []
+    for refs in (["namespace-refs"], []):
+        d = overlay(tmp_path_factory.mktemp("moved"), MOVABLE, namespace="netshape", transformers=refs)
+        r = subprocess.run([*KUSTOMIZE, str(d)], capture_output=True, text=True, timeout=60, start_new_session=True)
+        assert r.returncode == 0, r.stderr
+        out.append(r.stdout)
+    return out[0], out[1]
+
+
+@needs_kustomize
+def test_a_namespace_overlay_with_the_namespace_refs_names_shaperd_system_nowhere(moved):
+    text, without = moved
+    assert "shaperd-system" not in text
+    # The check can fail: kustomize's namespace: alone leaves the names inside strings.
+    assert without.count("shaperd-system") >= 4
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    (ns,) = by_kind(docs, "Namespace")
+    assert ns["metadata"]["name"] == "netshape"
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] not in (
+        "Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration")} == {"netshape"}
+    (cert,) = by_kind(docs, "Certificate")
+    assert cert["spec"]["dnsNames"] == ["shaperd-webhook.netshape.svc", "shaperd-webhook.netshape.svc.cluster.local"]
+    (mwc,) = by_kind(docs, "MutatingWebhookConfiguration")
+    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "netshape/shaperd-webhook"
+    (hook,) = mwc["webhooks"]
+    assert hook["clientConfig"]["service"]["namespace"] == "netshape"
+    (expr,) = hook["namespaceSelector"]["matchExpressions"]
+    assert expr["values"] == ["kube-system", "kube-public", "kube-node-lease", "netshape", "cert-manager"]
+    for b in by_kind(docs, "ClusterRoleBinding"):
+        assert {s["namespace"] for s in b["subjects"]} == {"netshape"}
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    assert sm["metadata"]["namespace"] == "netshape" and "namespaceSelector" not in sm["spec"]
+    # The pods are admitted where they moved: the namespace keeps its Pod Security level.
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+@needs_kustomize
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_the_moved_rendering_is_valid_strict_for(version, moved):
+    kv = pytest.importorskip("kubernetes_validate")
+    docs = [d for d in yaml.safe_load_all(moved[0]) if d]
+    checked = 0
+    for d in docs:
+        if d["kind"] in CRD_KINDS:
+            continue
+        try:
+            kv.validate(d, version, strict=True)
+        except kv.ValidationError as e:
+            pytest.fail(f"{d['kind']}/{d['metadata']['name']} invalid for {version}: {e.message}")
+        checked += 1
+    assert checked >= 10
+    for obj, spec in pod_specs(docs):
+        assert api_server_errors(spec) == [], obj["metadata"]["name"]
+
+
+@needs_kustomize
+def test_the_monitoring_selector_component_labels_the_servicemonitor_and_the_rules_only(tmp_path):
+    docs = render(overlay(tmp_path, ["monitoring", "monitoring-selector"]))
+    labelled = {(d["kind"], d["metadata"]["name"]) for d in docs if "release" in d["metadata"].get("labels", {})}
+    assert labelled == {("ServiceMonitor", "shaperd"), ("PrometheusRule", "shaperd")}
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        (obj,) = by_kind(docs, kind)
+        # kube-prometheus-stack's default selectors: release: <Helm release name>
+        assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/name"] == "shaperd"
+    # Without it, the objects carry no release label (what a default kube-prometheus-stack ignores).
+    plain = render("monitoring")
+    assert not any("release" in d["metadata"].get("labels", {}) for d in plain)
+
+
+@needs_kustomize
+def test_the_gke_quota_admits_the_agents_priority_class_in_its_namespace(tmp_path):
+    docs = render(overlay(tmp_path, ["gke-quota"]))
+    (ds,) = by_kind(docs, "DaemonSet")
+    (quota,) = by_kind(docs, "ResourceQuota")
+    assert quota["metadata"]["namespace"] == ds["metadata"]["namespace"]
+    (scope,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert scope["scopeName"] == "PriorityClass" and scope["operator"] == "In"
+    assert ds["spec"]["template"]["spec"]["priorityClassName"] in scope["values"]
+    assert int(quota["spec"]["hard"]["pods"]) >= 5000  # Kubernetes' largest supported cluster, one agent a node
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    return selector["matchLabels"].items() <= labels.items() and not selector.get("matchExpressions")
+
+
+@needs_kustomize
+def test_the_webhook_survives_a_drain_and_is_spread_across_nodes(rendered):
+    docs = rendered["rdma-webhook"]
+    (dep,) = by_kind(docs, "Deployment")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert dep["spec"]["replicas"] >= 2
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1 and pdb["metadata"]["namespace"] == dep["metadata"]["namespace"]
+    assert _selects(pdb["spec"]["selector"], labels)
+    (spread,) = dep["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["maxSkew"] == 1
+    assert _selects(spread["labelSelector"], labels)
+
+
+@needs_kustomize
+def test_the_agent_and_the_webhook_have_a_startup_probe_ahead_of_liveness(rendered):
+    docs = rendered["+all"]
+    for obj, spec in pod_specs(docs):
+        (c,) = spec["containers"]
+        start, live = c["startupProbe"], c["livenessProbe"]
+        assert start["httpGet"] == live["httpGet"], obj["metadata"]["name"]
+        # Longer to start than liveness would allow once running.
+        budget = start["periodSeconds"] * start["failureThreshold"]
+        assert budget >= 60 and budget > live["periodSeconds"] * live["failureThreshold"], obj["metadata"]["name"]
+    assert {o["metadata"]["name"] for o, _ in pod_specs(docs)} == {"shaperd", "shaperd-webhook"}

@@ -119,8 +119,9 @@ def test_dashboard_is_a_grafana_dashboard():
     assert "guarantee" in titles and "drops" in titles and "below guarantee" in titles
 
 
-# The runbooks live in the operator's manual; the alerts' runbook_url is relative to the repository root.
-RUNBOOKS = ROOT / "docs" / "operations.md"
+# The runbooks live in docs/; each alert's runbook_url is an absolute link to docs/ on GitHub, at main in
+# the tree (scripts/pin-runbooks points them at a release's tag).
+DOCS_URL = "https://github.com/shaperd/shaperd/blob/main/docs/"
 
 
 def github_anchor(heading: str) -> str:
@@ -128,16 +129,52 @@ def github_anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def anchors(page: Path) -> set[str]:
+    return {github_anchor(line.lstrip("#")) for line in page.read_text().splitlines() if line.startswith("#")}
+
+
 def test_every_alert_links_a_runbook_section_that_exists():
-    anchors = {github_anchor(line.lstrip("#")) for line in RUNBOOKS.read_text().splitlines() if line.startswith("#")}
     rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
     linked = set()
     for r in rules:
         if r["alert"] == "ShaperdTenantDropping":
             continue  # informational; its summary is the whole story
         url = r.get("annotations", {}).get("runbook_url", "")
-        assert url.startswith("docs/operations.md#"), (r["alert"], url)
-        anchor = url.split("#", 1)[1]
-        assert anchor in anchors, f"{r['alert']}: docs/operations.md has no section #{anchor}"
+        assert url.startswith(DOCS_URL), (r["alert"], url)
+        page, _, anchor = url.removeprefix(DOCS_URL).partition("#")
+        assert (ROOT / "docs" / page).is_file(), f"{r['alert']}: no docs/{page}"
+        assert anchor in anchors(ROOT / "docs" / page), f"{r['alert']}: docs/{page} has no section #{anchor}"
         linked.add(anchor)
-    assert "runbook-agent-down-or-absent" in linked and "runbook-not-reconciling" in linked
+    assert {"runbook-agent-down-or-absent", "runbook-not-reconciling",
+            "runbook-webhook-unavailable-or-failing-open"} <= linked
+
+
+def test_a_missing_runbook_section_is_noticed():
+    # The check above can fail: an anchor no heading gives.
+    assert "runbook-agent-down-or-absent" in anchors(ROOT / "docs" / "operations.md")
+    assert "runbook-agent-gone-fishing" not in anchors(ROOT / "docs" / "operations.md")
+
+
+def test_pinning_the_runbooks_to_a_tag_keeps_the_rules_and_the_prometheusrule_equal(tmp_path):
+    import subprocess
+    import sys
+
+    files = ["scripts/pin-runbooks", "scripts/gen-prometheusrule", "deploy/prometheus/shaperd-alerts.yaml",
+             "deploy/prometheus/shaperd-alerts.test.yaml", "daemonset/components/monitoring/prometheusrule.yaml"]
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text((ROOT / f).read_text())
+
+    def script(name, *args):
+        return subprocess.run([sys.executable, str(tmp_path / "scripts" / name), *args], capture_output=True,
+                              text=True, timeout=60, start_new_session=True)
+
+    r = script("pin-runbooks", "v9.8.7", "--root", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    for f in files[2:]:
+        text = (tmp_path / f).read_text()
+        assert "/blob/main/" not in text and text.count("/blob/v9.8.7/docs/operations.md#runbook-") >= 8, f
+    r = script("gen-prometheusrule", "--check")  # its ROOT is the copy: the pinned pair still agrees
+    assert r.returncode == 0, r.stderr
+    assert script("pin-runbooks", "v9.8.7", "--root", str(tmp_path)).returncode == 1  # pinned already: said
+    assert script("pin-runbooks", "not a tag", "--root", str(tmp_path)).returncode == 2

@@ -260,7 +260,7 @@ def test_the_daemon_hands_the_reconciles_inventory_to_the_checker(node):
     cfg, inv, rplan = inputs(node)
     d = Daemon("/nonexistent", None)
     d.config, d.sm_checker = cfg, checker(FakeReader(recorded()))
-    d.metrics = SimpleNamespace(reconciled=lambda *a, **kw: None)
+    d.metrics = SimpleNamespace(reconciled=lambda *a, **kw: None, present=lambda tenants: None)
     rep = SimpleNamespace(inventory=inv, endpoints=None, duration_s=0.0, devices=(), problems=(),
                           plan=SimpleNamespace(desired={}, tenancy=tenancy(cfg, inv), pod_tenants={}))
     d._observe(rep, ok=True, drift=False)

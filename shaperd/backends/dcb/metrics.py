@@ -8,6 +8,9 @@ Missing data is a missing series: a netdev that could not be read has no
 ``read`` samples (``shaperd_dcb_netdev_readable`` says 0), an unlimited TC
 (max rate 0) has no max-rate sample, a driver that reports no max rates has
 no ``read`` max-rate sample.
+
+Per-tenant series only for the tenants ``series_filter`` wants (report/presence.py: by default those present
+on the node; every tenant with ``shaperd run --metrics-all-tenants``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ LABELS = ["tenant", "netdev"]
 
 
 class DcbCollector(Collector):
-    def __init__(self, source):
+    def __init__(self, source, series_filter=None):
+        self.wanted = series_filter.wanted if series_filter is not None else (lambda _tenant: True)
         self.source = source  # () -> {netdev: NetdevStatus}
 
     def collect(self):
@@ -51,6 +55,8 @@ class DcbCollector(Collector):
             if s.configured is None:
                 continue
             for t in s.configured.tenants:
+                if not self.wanted(t.tenant):
+                    continue
                 lv = [t.tenant, nd]
                 tc.add_metric(lv, t.tc)
                 share.add_metric(lv + ["configured"], t.share_pct / 100)
@@ -71,4 +77,4 @@ def install(metrics, backends) -> None:
     """Add the ``dcb`` collector to a ``report.metrics.Metrics`` when the reconciler runs the DCB backend."""
     b = next((b for b in backends if getattr(b, "name", None) == "dcb"), None)
     if b is not None:
-        metrics.collectors.collectors["dcb"] = DcbCollector(b.status)
+        metrics.collectors.collectors["dcb"] = DcbCollector(b.status, getattr(metrics, "series_filter", None))

@@ -7,6 +7,9 @@ keeps them. A node the kernel does not have, or a tree that could not be
 read, has no ``kernel`` series (never a fake zero); a tx_max of 0 is devlink's
 "unlimited" and has no series either. ``install`` adds the collector to a
 ``Metrics``; nothing in report/metrics.py knows about devlink.
+
+Per-tenant series only for the tenants ``series_filter`` wants (report/presence.py: by default those present
+on the node; every tenant with ``shaperd run --metrics-all-tenants``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ LABELS = ["tenant", "device", "node", "rate"]
 
 
 class DevlinkCollector(Collector):
-    def __init__(self, backend):
+    def __init__(self, backend, series_filter=None):
+        self.wanted = series_filter.wanted if series_filter is not None else (lambda _tenant: True)
         self.backend = backend  # anything with a ``snapshot`` (DevlinkSnapshot)
 
     def collect(self):
@@ -30,6 +34,8 @@ class DevlinkCollector(Collector):
                                  "The tenant's devlink rate node as the kernel reported it at the last read "
                                  "(absent when the node is missing or the tree could not be read)", labels=LABELS)
         for c in snap.configured:
+            if not self.wanted(c.tenant):
+                continue
             lv = [c.tenant, c.instance, c.node]
             conf.add_metric(lv + ["tx_share"], c.tx_share_Bps)
             if c.tx_max_Bps:
@@ -44,4 +50,4 @@ class DevlinkCollector(Collector):
 
 
 def install(metrics, backend) -> None:
-    metrics.collectors.collectors["devlink"] = DevlinkCollector(backend)
+    metrics.collectors.collectors["devlink"] = DevlinkCollector(backend, getattr(metrics, "series_filter", None))

@@ -25,6 +25,9 @@ Values are bytes per second (Prometheus base units), the loop's bit/s divided by
 Traffic of no tenant appears as tenant ``(none)``. No loop (no uplink on the
 edt data plane): no series. ``install`` adds the collector to a
 ``report.metrics.Metrics``; nothing else there knows about edt.
+
+Per-tenant series only for the tenants ``series_filter`` wants (report/presence.py: by default those present
+on the node; every tenant with ``shaperd run --metrics-all-tenants``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from prometheus_client.registry import Collector
 
 
 class EdtCollector(Collector):
-    def __init__(self, loop_source, backends=()):
+    def __init__(self, loop_source, backends=(), series_filter=None):
+        self.wanted = series_filter.wanted if series_filter is not None else (lambda _tenant: True)
         self.loop_source = loop_source  # () -> EdtLoop | None (the daemon starts it on first use)
         # The edt backend keeps its refusals (device -> (ifindex, reason)); read at scrape time.
         self.refusals = next((b for b in backends if getattr(b, "name", "") == "edt" and hasattr(b, "refused")), None)
@@ -60,6 +64,8 @@ class EdtCollector(Collector):
             devices = set()
             for dev, tenant, _key, r, m in loop.snapshot():
                 devices.add(dev)
+                if tenant and not self.wanted(tenant):
+                    continue  # a tenant with nothing on this node ("(none)", no tenant's traffic, is always kept)
                 rate.add_metric([tenant or "(none)", dev], r / 8)  # the loop works in bit/s; base unit bytes
                 seen.add_metric([tenant or "(none)", dev], m / 8)
             for dev, ref, tenant, _key, r, m in loop.pod_snapshot():
@@ -85,4 +91,4 @@ class EdtCollector(Collector):
 
 
 def install(metrics, loop_source, backends=()) -> None:
-    metrics.collectors.collectors["edt"] = EdtCollector(loop_source, backends)
+    metrics.collectors.collectors["edt"] = EdtCollector(loop_source, backends, getattr(metrics, "series_filter", None))

@@ -18,6 +18,9 @@ Named as node_exporter names the receive side (egress keeps ``shaperd_tenant_tra
 come from one rtnetlink reader the collector opens in the node's namespace (reopened after a failure);
 a failed read fails the collector (``shaperd_scrape_collector_success{collector="ingress"} 0``), never
 gives zeros. Owns only these families.
+
+Per-tenant series only for the tenants ``series_filter`` wants (report/presence.py: by default those present
+on the node; every tenant with ``shaperd run --metrics-all-tenants``).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ LABELS = ["tenant", "device"]
 
 
 class IngressCollector:
-    def __init__(self, backend, reader_factory=None):
+    def __init__(self, backend, reader_factory=None, series_filter=None):
         self.backend = backend
+        self.wanted = series_filter.wanted if series_filter is not None else (lambda _tenant: True)
         self._factory = reader_factory
         self._reader = None
         self._lock = threading.Lock()  # scrapes may overlap (threaded HTTP server); one socket, one exchange
@@ -59,7 +63,8 @@ class IngressCollector:
 
     def collect(self):
         desired = self.backend.last
-        tenants = {t.classid: t for dp in (desired.devices if desired is not None else ()) for t in dp.tenants}
+        tenants = {t.classid: t for dp in (desired.devices if desired is not None else ()) for t in dp.tenants
+                   if self.wanted(t.tenant)}
         g = GaugeMetricFamily("shaperd_tenant_ingress_guarantee_bytes_per_second",
                               "The tenant's configured ingress guarantee (tenants[].ingress.bandwidthGuarantee), "
                               "bytes per second; 0 where its ingress block has none", labels=["tenant"])
@@ -105,4 +110,4 @@ class IngressCollector:
 
 def install(metrics, backend) -> None:
     """Add the ``ingress`` collector to a ``report.metrics.Metrics`` for a running ingress backend."""
-    metrics.collectors.collectors["ingress"] = IngressCollector(backend)
+    metrics.collectors.collectors["ingress"] = IngressCollector(backend, series_filter=getattr(metrics, "series_filter", None))
