@@ -1,8 +1,8 @@
 """The CLI's commands about itself: ``--version`` (build details) and ``completion bash|zsh``.
 
-Build details (buildinfo.py): the version, the git commit (stamped at build
-time by ``scripts/stamp-build``, or asked from git in a checkout), Python and
-pyroute2. ``completion`` prints a shell
+Build details (buildinfo.py): the version (from the git tag, written by the
+build), the git commit (the build's, or asked from git in a checkout), Python
+and pyroute2. ``completion`` prints a shell
 script generated from the argparse parser by shtab, so it never drifts
 from the options: shtab reads the parser itself (subcommands, choices,
 file arguments), has no dependencies and runs nothing at completion time
