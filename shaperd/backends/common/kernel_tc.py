@@ -8,10 +8,11 @@ Encoding only; kernel/tc.py sends it.
 
 from __future__ import annotations
 
+from shaperd.backends.common import htb_ops
 from shaperd.backends.common.clsact import CLSACT_HANDLE, TC_H_CLSACT, AddClsact, DeleteClsact
 from shaperd.backends.common.objects import HtbClass, LeafQdisc, U32Filter
 from shaperd.core.units import bps_to_Bps, xmit_ticks
-from shaperd.kernel.tc import F_ADD, F_DEL, RTM_DELQDISC, RTM_NEWQDISC, Codec, msg
+from shaperd.kernel.tc import F_ADD, F_DEL, F_PUT, RTM_DELQDISC, RTM_DELTCLASS, RTM_NEWQDISC, RTM_NEWTCLASS, Codec, msg
 
 TC_U32_TERMINAL = 1
 TC_LINKLAYER_ETHERNET = 1
@@ -58,4 +59,16 @@ CODEC = Codec(encoders={
     AddClsact: lambda op, _fd: msg(RTM_NEWQDISC, F_ADD, op.ifindex, CLSACT_HANDLE, TC_H_CLSACT, kind="clsact"),
     # What `tc qdisc del dev X clsact` sends (tests/unit/fixtures/clsact/del_clsact.strace).
     DeleteClsact: lambda op, _fd: msg(RTM_DELQDISC, F_DEL, op.ifindex, CLSACT_HANDLE, TC_H_CLSACT, kind="clsact"),
+})
+
+
+# The HTB class and leaf writes of both trees (htb's, the tenant-ingress IFB's): one encoder each.
+HTB_TREE_CODEC = Codec(encoders={
+    htb_ops.CreateClass: lambda op, _fd: msg(RTM_NEWTCLASS, F_PUT, op.ifindex, op.cls.classid, op.cls.parent,
+                                             kind="htb", options=htb_class_options(op.cls)),
+    htb_ops.ChangeClass: lambda op, _fd: msg(RTM_NEWTCLASS, F_PUT, op.ifindex, op.cls.classid, op.cls.parent,
+                                             kind="htb", options=htb_class_options(op.cls)),
+    htb_ops.DeleteClass: lambda op, _fd: msg(RTM_DELTCLASS, F_DEL, op.ifindex, op.classid, 0),
+    htb_ops.SetLeaf: lambda op, _fd: msg(RTM_NEWQDISC, F_PUT, op.ifindex, op.leaf.handle, op.leaf.parent,
+                                         kind=op.leaf.kind, options=leaf_options(op.leaf)),
 })

@@ -8,14 +8,14 @@ sending, batching and attributing answers is kernel/tc.py.
 from __future__ import annotations
 
 from shaperd.backends.common.kernel_tc import CODEC as CLSACT_CODEC  # teardown may delete its clsact
+from shaperd.backends.common.kernel_tc import HTB_TREE_CODEC
 from shaperd.backends.common.kernel_tc import htb_class_options  # noqa: F401 - shared with the ingress IFB's tree
-from shaperd.backends.common.kernel_tc import leaf_options as _leaf_options
 from shaperd.backends.common.kernel_tc import u32_options as _u32_options
 from shaperd.backends.common.objects import ETH_P_ALL, ROOT_HANDLE
 from shaperd.backends.htb import ops as htb
 from shaperd.kernel import bpf
 from shaperd.kernel.tc import (
-    F_ADD, F_DEL, F_PUT, RTM_DELQDISC, RTM_DELTCLASS, RTM_DELTFILTER, RTM_NEWQDISC, RTM_NEWTCLASS, RTM_NEWTFILTER,
+    F_ADD, F_DEL, F_PUT, RTM_DELQDISC, RTM_DELTFILTER, RTM_NEWQDISC, RTM_NEWTFILTER,
     TC_H_ROOT, Codec, htb_init, info, msg,
 )
 # The HTB class, leaf and u32 options moved to backends/common/kernel_tc.py (the ingress IFB's tree uses them too).
@@ -31,20 +31,13 @@ def _bpf_filter(op: htb.AddBpfFilter, fd: int | None):
     return msg(RTM_NEWTFILTER, F_ADD, op.ifindex, 1, ROOT_HANDLE, info(op.filter.prio, ETH_P_ALL), "bpf", opts)
 
 
-CODEC = CLSACT_CODEC | Codec(
+CODEC = CLSACT_CODEC | HTB_TREE_CODEC | Codec(
     encoders={
         htb.CreateRoot: lambda op, _fd: msg(RTM_NEWQDISC, F_PUT, op.ifindex, op.root.handle, TC_H_ROOT, kind="htb",
                                             options=htb_init(op.root.default_minor, op.root.offload)),
         htb.ChangeRoot: lambda op, _fd: msg(RTM_NEWQDISC, F_DEL, op.ifindex, op.root.handle, TC_H_ROOT, kind="htb",
                                             options=htb_init(op.root.default_minor, op.root.offload)),
         htb.DeleteRoot: lambda op, _fd: msg(RTM_DELQDISC, F_DEL, op.ifindex, ROOT_HANDLE, TC_H_ROOT),
-        htb.CreateClass: lambda op, _fd: msg(RTM_NEWTCLASS, F_PUT, op.ifindex, op.cls.classid, op.cls.parent,
-                                             kind="htb", options=htb_class_options(op.cls)),
-        htb.ChangeClass: lambda op, _fd: msg(RTM_NEWTCLASS, F_PUT, op.ifindex, op.cls.classid, op.cls.parent,
-                                             kind="htb", options=htb_class_options(op.cls)),
-        htb.DeleteClass: lambda op, _fd: msg(RTM_DELTCLASS, F_DEL, op.ifindex, op.classid, 0),
-        htb.SetLeaf: lambda op, _fd: msg(RTM_NEWQDISC, F_PUT, op.ifindex, op.leaf.handle, op.leaf.parent,
-                                         kind=op.leaf.kind, options=_leaf_options(op.leaf)),
         htb.AddU32Filter: _u32_filter,
         htb.AddBpfFilter: _bpf_filter,
         htb.DeleteFilter: lambda op, _fd: msg(RTM_DELTFILTER, F_DEL, op.ifindex, op.filter.handle, op.filter.parent,

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from shaperd.core.protocol import Operation
-from shaperd.backends.common.objects import ROOT_HANDLE, BpfFilter, HtbClass, HtbRoot, LeafQdisc, ObservedFilter, U32Filter, fmt_handle
+from shaperd.backends.common.htb_ops import ChangeClass, CreateClass, DeleteClass, SetLeaf  # noqa: F401 - shared with the other HTB tree
+from shaperd.backends.common.objects import ROOT_HANDLE, BpfFilter, HtbRoot, ObservedFilter, U32Filter, fmt_handle
 
 ROOT_LABEL = "root qdisc htb 7368:"
 
@@ -49,42 +50,8 @@ class DeleteRoot(Operation):
         return ROOT_LABEL
 
 
-@dataclass(frozen=True, kw_only=True)
-class CreateClass(Operation):
-    cls: HtbClass
-    verb: ClassVar[str] = "create"
-
-    def what(self) -> str:
-        return f"class {fmt_handle(self.cls.classid)}"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ChangeClass(Operation):
-    cls: HtbClass
-    verb: ClassVar[str] = "change"
-
-    def what(self) -> str:
-        return f"class {fmt_handle(self.cls.classid)}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeleteClass(Operation):
-    classid: int
-    verb: ClassVar[str] = "delete"
-
-    def what(self) -> str:
-        return f"class {fmt_handle(self.classid)}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class SetLeaf(Operation):
-    """Create or replace the queue under a leaf class."""
-
-    leaf: LeafQdisc
-    verb: ClassVar[str] = "set"
-
-    def what(self) -> str:
-        return f"leaf qdisc {self.leaf.kind} {fmt_handle(self.leaf.handle)}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from shaperd.backends.common import mapcls
 from shaperd.backends.common.clsact import AddClsact
-from shaperd.backends.common.objects import ETH_P_ALL, U32Filter, fmt_handle
+from shaperd.backends.common.objects import ETH_P_ALL, fmt_handle
 from shaperd.backends.ingress.objects import (
-    INGRESS_ROOT, PRIO_REDIRECT, TCA_EGRESS_REDIR, IfbPlan, IfbState, IngressObserved, IngressPlan, UplinkState,
+    INGRESS_ROOT, TCA_EGRESS_REDIR, IfbPlan, IfbState, IngressObserved, IngressPlan, UplinkState,
 )
 from shaperd.backends.ingress.ops import (
     AddDstFilter, AddRedirect, ChangeClass, ChangeRoot, CreateClass, CreateIfb, CreateRoot, DeleteClass,

@@ -10,13 +10,13 @@ Encoding only: sending, batching and attributing answers is kernel/tc.py.
 from __future__ import annotations
 
 from shaperd.backends.common.kernel_tc import CODEC as CLSACT_CODEC
-from shaperd.backends.common.kernel_tc import TC_U32_TERMINAL, htb_class_options, leaf_options, u32_options
+from shaperd.backends.common.kernel_tc import HTB_TREE_CODEC, TC_U32_TERMINAL, u32_options
 from shaperd.backends.common.objects import ETH_P_ALL
 from shaperd.backends.ingress import ops
 from shaperd.backends.ingress.objects import INGRESS_HOOK, PRIO_REDIRECT, TCA_EGRESS_REDIR
 from shaperd.kernel import link
 from shaperd.kernel.tc import (
-    F_ADD, F_DEL, F_PUT, RTM_DELQDISC, RTM_DELTCLASS, RTM_DELTFILTER, RTM_NEWQDISC, RTM_NEWTCLASS, RTM_NEWTFILTER,
+    F_ADD, F_DEL, F_PUT, RTM_DELQDISC, RTM_DELTFILTER, RTM_NEWQDISC, RTM_NEWTFILTER,
     TC_H_ROOT, Codec, htb_init, info, msg,
 )
 
@@ -39,7 +39,7 @@ def _add_redirect(op: ops.AddRedirect, _fd):
                redirect_options(op.ifb_ifindex))
 
 
-CODEC = CLSACT_CODEC | Codec(encoders={
+CODEC = CLSACT_CODEC | HTB_TREE_CODEC | Codec(encoders={
     ops.CreateIfb: lambda op, _fd: link.new_link(op.device, "ifb"),
     ops.SetIfbUp: lambda op, _fd: link.set_up(op.ifindex),
     ops.DeleteIfb: lambda op, _fd: link.delete_link(op.ifindex),
@@ -48,13 +48,6 @@ CODEC = CLSACT_CODEC | Codec(encoders={
     ops.ChangeRoot: lambda op, _fd: msg(RTM_NEWQDISC, F_DEL, op.ifindex, op.root.handle, TC_H_ROOT, kind="htb",
                                         options=htb_init(op.root.default_minor)),
     ops.DeleteRoot: lambda op, _fd: msg(RTM_DELQDISC, F_DEL, op.ifindex, op.handle, TC_H_ROOT),
-    ops.CreateClass: lambda op, _fd: msg(RTM_NEWTCLASS, F_PUT, op.ifindex, op.cls.classid, op.cls.parent, kind="htb",
-                                         options=htb_class_options(op.cls)),
-    ops.ChangeClass: lambda op, _fd: msg(RTM_NEWTCLASS, F_PUT, op.ifindex, op.cls.classid, op.cls.parent, kind="htb",
-                                         options=htb_class_options(op.cls)),
-    ops.DeleteClass: lambda op, _fd: msg(RTM_DELTCLASS, F_DEL, op.ifindex, op.classid, 0),
-    ops.SetLeaf: lambda op, _fd: msg(RTM_NEWQDISC, F_PUT, op.ifindex, op.leaf.handle, op.leaf.parent,
-                                     kind=op.leaf.kind, options=leaf_options(op.leaf)),
     ops.AddDstFilter: lambda op, _fd: msg(RTM_NEWTFILTER, F_ADD, op.ifindex, 0, op.filter.parent,
                                           info(op.filter.prio, op.filter.protocol), "u32", u32_options(op.filter)),
     ops.DeleteFilter: lambda op, _fd: msg(RTM_DELTFILTER, F_DEL, op.ifindex, op.filter.handle, op.filter.parent,

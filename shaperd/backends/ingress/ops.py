@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from shaperd.backends.common.clsact import AddClsact  # noqa: F401 - an uplink without clsact gets one
-from shaperd.backends.common.objects import HtbClass, HtbRoot, LeafQdisc, ObservedFilter, U32Filter, fmt_handle
+from shaperd.backends.common.objects import HtbRoot, ObservedFilter, U32Filter, fmt_handle
 from shaperd.backends.ingress.objects import PRIO_REDIRECT
 from shaperd.core.protocol import Operation
+from shaperd.backends.common.htb_ops import ChangeClass, CreateClass, DeleteClass, SetLeaf  # noqa: F401 - shared with the other HTB tree
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,40 +77,8 @@ class DeleteRoot(Operation):
         return f"root qdisc htb {fmt_handle(self.handle)}"
 
 
-@dataclass(frozen=True, kw_only=True)
-class CreateClass(Operation):
-    cls: HtbClass
-    verb: ClassVar[str] = "create"
-
-    def what(self) -> str:
-        return f"class {fmt_handle(self.cls.classid)}"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ChangeClass(Operation):
-    cls: HtbClass
-    verb: ClassVar[str] = "change"
-
-    def what(self) -> str:
-        return f"class {fmt_handle(self.cls.classid)}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeleteClass(Operation):
-    classid: int
-    verb: ClassVar[str] = "delete"
-
-    def what(self) -> str:
-        return f"class {fmt_handle(self.classid)}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class SetLeaf(Operation):
-    leaf: LeafQdisc
-    verb: ClassVar[str] = "set"
-
-    def what(self) -> str:
-        return f"leaf qdisc {self.leaf.kind} {fmt_handle(self.leaf.handle)}"
 
 
 @dataclass(frozen=True, kw_only=True)
