@@ -83,7 +83,7 @@ def classid(tenant: str) -> int:
     return (HTB_HANDLE << 16) | assign_minors([t["name"] for t in config()["tenants"]])[tenant]
 
 
-# A paced UDP sender: 1 ms slots at the asked rate; every 50 ms one line "monotonic_s cumulative_bytes" of
+# A paced UDP sender: 1 ms slots at the asked rate; every 10 ms one line "monotonic_s cumulative_bytes" of
 # what send() accepted (a datagram the qdisc drops still counts: it was offered). Imports nothing of shaperd.
 SENDER = r"""
 import socket, sys, time
@@ -98,7 +98,7 @@ while True:
     now = time.monotonic()
     if now - t0 >= seconds:
         break
-    if now - said >= 0.05:
+    if now - said >= 0.01:
         print(f"{now:.6f} {sent}", flush=True); said = now
     if now < nxt:
         time.sleep(min(nxt - now, 0.001)); continue
@@ -267,10 +267,13 @@ class Sampler:
             self._stop.wait(max(0.0, nxt - time.monotonic()))
 
     def stop(self) -> None:
+        """Idempotent: the test stops it before its checks and again in its cleanup."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
-        self.reader.close()
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
 
 
 # -- writes seen by the kernel -------------------------------------------------------------------
@@ -355,42 +358,56 @@ class GuaranteeResult:
     short: list[str] = field(default_factory=list)  # windows below the guarantee
     measured: int = 0
     excluded: int = 0  # the sender offered less than the guarantee there (its own counters)
+    lags: list[float] = field(default_factory=list)  # per measured window, the sender's lag D (bytes)
 
 
-def offered_between(records: list[tuple[float, int]], t0: float, t1: float) -> tuple[float, int]:
-    """(seconds, bytes) the sender's own records prove it offered inside [t0, t1]: between the first record
-    at or after t0 and the last at or before t1 (a lower bound on what it offered in the window)."""
-    inside = [r for r in records if t0 <= r[0] <= t1]
-    if len(inside) < 2:
-        return 0.0, 0
-    return inside[-1][0] - inside[0][0], inside[-1][1] - inside[0][1]
+EDGE_S = 0.05  # a window is measured only if the sender's records start and end within this of its edges
+
+
+def offered_inside(records: list[tuple[float, int]], t0: float, t1: float) -> list[tuple[float, int]]:
+    """The sender's own records (monotonic s, cumulative bytes) that fall inside [t0, t1]."""
+    return [r for r in records if t0 <= r[0] <= t1]
 
 
 def guarantee_windows(samples: list[Sample], cid: int, guarantee_Bps: float, offered: list[tuple[float, int]],
                       slack_bytes: int = ONE_PACKET_BYTES) -> GuaranteeResult:
-    """In every window where the sender offered at least the guarantee (its own counters, the narrow interval),
-    class ``cid`` sent at least guarantee * (narrow interval) - (its rate bucket's depth + slack).
+    """Class ``cid`` got its guarantee in every 1 s window where its sender demonstrably asked for it.
 
-    Why that tolerance: a backlogged HTB class in its green mode sends whenever its own bucket holds a token,
-    and its bucket refills at the guaranteed rate; what it can fail to use within the window is at most what
-    the bucket can hold unspent when the window ends (its buffer), plus the packet in flight at either edge.
-    Bytes borrowed above the rate are not charged to its own bucket, so they never eat into the guarantee.
+    Measured: the sender's records (every 10 ms) cover the window's narrow interval [t1, t2] to within EDGE_S at
+    both ends and show it offered at least the guarantee over them. Otherwise the window is excluded and counted
+    (the sender could not offer it: a busy CPU).
+
+    The floor, derived: let D be the most the sender's cumulative offer ever lagged behind a line rising at G
+    from its first record in the window (0 for a sender that kept up; a stall makes it positive), and take t*
+    the last instant in [t1, t2] at which the class's queue was empty (t1 if never). Up to t* everything offered
+    since t1 has left, at least G * (t* - t1) - D less one record interval's worth (where within it the bytes
+    went is unknown) and what the uncovered edges could have held. From t* on the class was backlogged: a
+    backlogged HTB class in green mode sends whenever its own bucket holds a token, the bucket refills at G, and
+    bytes it borrows above G are not charged to it, so it sends at least G * (t2 - t*) less what its bucket can
+    hold unspent at t2 (its buffer) and the packet at the edge. Together:
+    sent >= G * (t2 - t1 - edges - longest record interval) - D - buffer - one packet.
     """
     res = GuaranteeResult()
     for a, b in windows(samples):
         if cid not in a.classes or cid not in b.classes:
             continue
-        secs, offered_b = offered_between(offered, a.t_after, b.t_before)
-        if secs <= 0 or offered_b < guarantee_Bps * secs:
+        t1, t2 = a.t_after, b.t_before
+        inside = offered_inside(offered, t1, t2)
+        if (len(inside) < 2 or inside[0][0] - t1 > EDGE_S or t2 - inside[-1][0] > EDGE_S
+                or inside[-1][1] - inside[0][1] < guarantee_Bps * (inside[-1][0] - inside[0][0])):
             res.excluded += 1
             continue
         res.measured += 1
-        narrow = b.t_before - a.t_after
+        (s0, b0) = inside[0]
+        lag = max(0.0, max(guarantee_Bps * (t - s0) - (n - b0) for t, n in inside))
+        edges = (s0 - t1) + (t2 - inside[-1][0])
+        longest = max(y[0] - x[0] for x, y in zip(inside, inside[1:]))
         sent = b.classes[cid].bytes - a.classes[cid].bytes
-        floor = guarantee_Bps * narrow - b.classes[cid].buffer_bytes - slack_bytes
+        floor = guarantee_Bps * (t2 - t1 - edges - longest) - lag - b.classes[cid].buffer_bytes - slack_bytes
         if sent < floor:
-            res.short.append(f"{a.t_after:.2f}..{b.t_before:.2f}: sent {sent} B, the guarantee is {floor:.0f} B "
-                             f"(offered {offered_b} B in {secs:.2f} s)")
+            res.short.append(f"{t1:.2f}..{t2:.2f}: sent {sent} B, the guarantee is {floor:.0f} B "
+                             f"(offered {inside[-1][1] - b0} B in {inside[-1][0] - s0:.2f} s, lag {lag:.0f} B)")
+        res.lags.append(lag)
     return res
 
 

@@ -27,8 +27,6 @@ from __future__ import annotations
 import os
 import time
 
-import pytest
-
 from shaperd.kernel.rtnl import RtnlReader
 
 from .. import upgrade_bed as ub
@@ -40,12 +38,12 @@ GAP_S = 1.0  # between one agent's exit and the next one's start: no agent at al
 PORT = 19567
 
 
-def _phase(bed: ub.UpgradeBed, sampler: ub.Sampler, rel: ub.Release, fresh: bool) -> dict:
+def _phase(bed: ub.UpgradeBed, sampler: ub.Sampler, rel: ub.Release) -> dict:
     """One agent's turn; returns what the test checks about it."""
     reader = RtnlReader(bed.node)
     ifindex = next(l.ifindex for l in reader.links() if l.name == "up0")
     try:
-        before = None if fresh else snapshot(reader, ifindex, "up0")
+        before = snapshot(reader, ifindex, "up0")
         watch = ub.WriteWatch(bed.node)
         try:
             sampler.mark(f"{rel.name} starts")
@@ -67,17 +65,16 @@ def _phase(bed: ub.UpgradeBed, sampler: ub.Sampler, rel: ub.Release, fresh: bool
 
 
 @needs_root
-def test_upgrade_n_minus_1_to_n_and_back_holds_enforcement_with_traffic(tmp_path):
-    old = ub.build_previous(tmp_path)  # fails with a message when HEAD has no parent
-    new = ub.this_release()
-    v_old, v_new = ub.version_of(old, tmp_path), ub.version_of(new, tmp_path)
-    assert f"commit {old.expect_commit}" in v_old, v_old
-    assert f"commit {new.expect_commit}" in v_new, v_new
-    assert v_old != v_new and old.expect_commit != new.expect_commit
-
-    bed = ub.UpgradeBed(f"shu{os.getpid() % 100000}")
+def test_upgrade_n_minus_1_to_n_and_back_holds_enforcement_with_traffic():
+    bed = ub.UpgradeBed(f"shu{os.getpid() % 100000}")  # N-1's wheel and install: in its work dir
     sampler = None
     try:
+        old = ub.build_previous(bed.work)  # fails with a message when HEAD has no parent
+        new = ub.this_release()
+        v_old, v_new = ub.version_of(old, bed.work), ub.version_of(new, bed.work)
+        assert f"commit {old.expect_commit}" in v_old, v_old
+        assert f"commit {new.expect_commit}" in v_new, v_new
+        assert v_old != v_new and old.expect_commit != new.expect_commit
         bed.build()
         phases = [_phase_first(bed, old)]
         sampler = ub.Sampler(bed.node).start()
@@ -87,7 +84,7 @@ def test_upgrade_n_minus_1_to_n_and_back_holds_enforcement_with_traffic(tmp_path
         assert bed.sigterm() == 0
         for rel in (new, old):
             time.sleep(GAP_S)
-            phases.append(_phase(bed, sampler, rel, fresh=False))
+            phases.append(_phase(bed, sampler, rel))
         time.sleep(GAP_S)
         sampler.stop()
         samples = sampler.samples
@@ -118,15 +115,16 @@ def test_upgrade_n_minus_1_to_n_and_back_holds_enforcement_with_traffic(tmp_path
     over = ub.over_limit_windows(samples, capped)
     assert over == [], (over, sampler.marks)
     g = ub.guarantee_windows(samples, gold, ub.GOLD_GUARANTEE_MBIT * 1e6 / 8, offered["gold"])
-    assert g.short == [], (g.short, sampler.marks)
     total = g.measured + g.excluded
     # What the run saw, for the report (-s shows it); never asserted as a rate.
-    print(f"upgrade: {len(samples)} samples, {g.measured} guarantee windows measured, {g.excluded} excluded; "
+    print(f"upgrade: {len(samples)} samples, {g.measured} guarantee windows measured, {g.excluded} excluded, "
+          f"largest sender lag {max(g.lags, default=0):.0f} B; "
           f"gold {ub.window_rates(samples, gold)}, capped {ub.window_rates(samples, capped)} Mbit/s (min, max of "
           f"1 s windows); marks {[(round(t - samples[0].t_before, 1), m) for t, m in sampler.marks]}; "
           f"families N-1 {len(phases[0]['families'])}, N {len(phases[1]['families'])}; gold's buffer "
           f"{samples[0].classes[gold].buffer_bytes} B, capped's cbuffer {samples[0].classes[capped].cbuffer_bytes} B")
-    assert total >= 30, total  # 3 phases of RUN_S + the gaps, 1 s windows every 0.2 s
+    assert g.short == [], (g.short, sampler.marks)
+    assert total >= 30, (total, g.excluded)  # 3 phases of RUN_S + the gaps, 1 s windows every 0.2 s
     assert g.measured > total / 2, f"only {g.measured} of {total} windows measured ({g.excluded} excluded: " \
                                    "the sender offered less than the guarantee there)"
     # The limit was really pressed (the check above could fail): capped's class was held back.
@@ -183,13 +181,13 @@ def test_over_limit_windows_flags_a_second_above_the_ceil_and_passes_one_at_it()
 
 
 def test_guarantee_windows_flags_a_starved_second_and_excludes_a_sender_that_offered_less():
-    offered = [(i * 0.05, int(i * 0.05 * 2_000_000)) for i in range(60)]  # 2 MB/s offered
+    offered = [(i * 0.01, int(i * 0.01 * 2_000_000)) for i in range(300)]  # 2 MB/s offered
     fed = [_s(i * 0.2, {1: int(i * 0.2 * 1_000_000)}) for i in range(12)]
     r = ub.guarantee_windows(fed, 1, 1_000_000, offered)
     assert r.short == [] and r.measured > 0 and r.excluded == 0
     starved = fed[:3] + [_s(i * 0.2, {1: 400_000}) for i in range(3, 12)]  # the class stopped sending
     assert ub.guarantee_windows(starved, 1, 1_000_000, offered).short
-    idle = [(i * 0.05, 0) for i in range(60)]  # the sender offered nothing: excluded, not failed
+    idle = [(i * 0.01, 0) for i in range(300)]  # the sender offered nothing: excluded, not failed
     r = ub.guarantee_windows(starved, 1, 1_000_000, idle)
     assert r.short == [] and r.measured == 0 and r.excluded > 0
 
