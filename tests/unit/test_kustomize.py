@@ -603,7 +603,8 @@ def _policy(docs):
 
 @needs_kustomize
 def test_the_admission_policy_bounds_the_node_patch_to_the_agents_node_and_that_taint(tainted):
-    """A review of the CEL's intent (the expressions run in tests/unit/test_startup_taint_policy.py)."""
+    """A review of the CEL's intent in the rendered manifest (the expressions are run against allowed and
+    denied node updates in tests/unit/test_startup_taint_policy.py)."""
     vap, binding = _policy(tainted)
     (sa,) = by_kind(tainted, "ServiceAccount")
     spec = vap["spec"]
