@@ -5,7 +5,9 @@ server refuses (a Bidirectional mount on an unprivileged container):
 1. the rendered objects, strict, against the Kubernetes 1.29, 1.30 and 1.31 schemas
    (kubernetes-validate, offline). CRD kinds (ServiceMonitor, PrometheusRule, cert-manager's
    Issuer and Certificate) have no schema there: they get a structural check of the
-   fields their controllers require instead;
+   fields their controllers require instead. The startup taint's ValidatingAdmissionPolicy
+   (admissionregistration.k8s.io/v1) exists from 1.30: validated for 1.30 and 1.31, and shown
+   refused by 1.29 (which has only v1beta1);
 2. API-server validation rules no schema holds (mount propagation, no_new_privs with
    privileged or SYS_ADMIN) and Pod Security admission (the namespace's level admits the pods);
 3. the project's own rules: pullable image references, the tenants ConfigMap outside every
