@@ -22,7 +22,11 @@ namespace, name) the real API server's authorizer would check it as
 (``request_access``, after k8s.io/apiserver's RequestInfoFactory), so RBAC
 can be checked against what a client really asked (tests/rbac.py). Writes
 (POST, PUT, PATCH, DELETE) are recorded too and refused with 405: the fake
-serves reads only. ``write_kubeconfig`` points a client at it.
+serves reads only, with one exception: Node objects (``add_node``) are served at
+/api/v1/nodes/NAME for GET and for a JSON patch (RFC 6902, applied by the ``jsonpatch``
+package; a failed ``test`` op answers 422, as the real server does), which is the startup
+taint's write; ``before_node_patch`` lets a test edit the node between a client's read and
+its patch. ``write_kubeconfig`` points a client at it.
 """
 
 from __future__ import annotations
@@ -151,6 +155,8 @@ class FakeKubeAPI:
         # path answers 404, like an API group that is not installed.
         self.objects: dict[str, dict[str, dict]] = {}
         self.obj_events: list[tuple[int, str, str, dict]] = []  # (rv, collection path, type, object)
+        self.nodes: dict[str, dict] = {}  # name -> Node (add_node); GET and JSON PATCH only
+        self.before_node_patch = None  # fn(fake, name): called before a node PATCH is applied
         self.delay_s = 0.0
         self.fail_status: int | None = None
         self.gone_loop = False
@@ -290,6 +296,37 @@ class FakeKubeAPI:
             self.hanging = on
             self._cond.notify_all()
 
+    # ---- nodes (the startup taint's GET and JSON patch)
+
+    def add_node(self, name: str, taints: list[dict] | None = None) -> dict:
+        with self._cond:
+            self.rv += 1
+            node = {"kind": "Node", "apiVersion": "v1",
+                    "metadata": {"name": name, "uid": str(uuid.uuid4()), "resourceVersion": str(self.rv),
+                                 "labels": {"kubernetes.io/hostname": name}},
+                    "spec": {"taints": copy.deepcopy(taints)} if taints is not None else {}}
+            self.nodes[name] = node
+            return copy.deepcopy(node)
+
+    def edit_node(self, name: str, fn) -> dict:
+        """Change a node as another client would (``fn(node)`` in place); bumps its resourceVersion."""
+        with self._cond:
+            node = copy.deepcopy(self.nodes[name])
+            fn(node)
+            self.rv += 1
+            node["metadata"]["resourceVersion"] = str(self.rv)
+            self.nodes[name] = node
+            return copy.deepcopy(node)
+
+    def node_taints(self, name: str) -> list[dict]:
+        with self._cond:
+            return copy.deepcopy(self.nodes[name].get("spec", {}).get("taints", []))
+
+    def node_patches(self) -> list[dict]:
+        """The PATCH requests to nodes, with their bodies, in order."""
+        with self._cond:
+            return [r for r in self.requests if r["method"] == "PATCH" and r["path"].startswith("/api/v1/nodes/")]
+
     # ---- other collections
 
     def collection(self, path: str) -> None:
@@ -417,9 +454,80 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(405, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 405,
                          "reason": "MethodNotAllowed", "message": f"{self.command} is not served by the fake"})
 
-    do_POST = do_PUT = do_PATCH = do_DELETE = _refuse_write
+    do_POST = do_PUT = do_DELETE = _refuse_write
+
+    def do_PATCH(self) -> None:
+        """A JSON patch of a Node (the startup taint); any other PATCH is refused like every write."""
+        url = urlsplit(self.path)
+        fake = self.server.fake
+        name = url.path.removeprefix("/api/v1/nodes/")
+        if not url.path.startswith("/api/v1/nodes/") or "/" in name or name not in fake.nodes:
+            return self._refuse_write()
+        fake, url, q, _ = self._record()
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        with fake._cond:
+            fake.requests[-1]["body"] = body
+        if not self._gate(fake):
+            return
+        if self.headers.get("Content-Type") != "application/json-patch+json":
+            return self._json(415, {"kind": "Status", "code": 415, "reason": "UnsupportedMediaType",
+                                    "message": f"the fake takes JSON patches only, not {self.headers.get('Content-Type')}"})
+        if fake.before_node_patch is not None:
+            fake.before_node_patch(fake, name)
+        import jsonpatch
+
+        with fake._cond:
+            try:
+                ops = json.loads(body)
+                new = jsonpatch.apply_patch(fake.nodes[name], ops)
+            except jsonpatch.JsonPatchTestFailed as e:  # k8s.io/apiserver: 422 when a patch cannot be applied
+                return self._json(422, {"kind": "Status", "code": 422, "reason": "Invalid",
+                                        "message": f"the server rejected our request due to an error in our request: {e}"})
+            except (ValueError, jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+                return self._json(400, {"kind": "Status", "code": 400, "reason": "BadRequest", "message": str(e)})
+            fake.rv += 1
+            new["metadata"]["resourceVersion"] = str(fake.rv)
+            fake.nodes[name] = new
+            out = copy.deepcopy(new)
+        self._json(200, out)
+
+    def _gate(self, fake: "FakeKubeAPI") -> bool:
+        """Hang, go down, delay, injected status and the bearer token, for a request that is not a watch;
+        False when it was answered (or cut) here."""
+        with fake._cond:
+            gen = fake.up_gen
+            while fake.hanging and fake.running and fake.up_gen == gen:
+                fake._cond.wait(0.1)
+            until = time.monotonic() + fake.delay_s
+            while fake.running and fake.up_gen == gen and time.monotonic() < until:
+                fake._cond.wait(min(0.1, until - time.monotonic()))
+            if not fake.running or fake.up_gen != gen:
+                self.close_connection = True
+                return False
+            fail, token = fake.fail_status, fake.token
+        if fail is not None:
+            self._json(fail, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": fail,
+                              "reason": "InternalError", "message": "injected fault"})
+            return False
+        if token is not None and self.headers.get("Authorization") != f"Bearer {token}":
+            self._json(401, {"kind": "Status", "code": 401, "reason": "Unauthorized", "message": "Unauthorized"})
+            return False
+        return True
 
     def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        name = url.path.removeprefix("/api/v1/nodes/")
+        if url.path.startswith("/api/v1/nodes/") and "/" not in name:
+            fake, url, q, _ = self._record()
+            if not self._gate(fake):
+                return
+            with fake._cond:
+                node = copy.deepcopy(fake.nodes.get(name))
+            if node is None:
+                return self._json(404, {"kind": "Status", "code": 404, "reason": "NotFound",
+                                        "message": f'nodes "{name}" not found'})
+            return self._json(200, node)
         fake, url, q, watch = self._record()
         sel = q.get("fieldSelector", "")
         with fake._cond:

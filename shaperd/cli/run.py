@@ -4,7 +4,8 @@ Builds the daemon's sources from the options: the node's pods through the
 Kubernetes API (``--node-name``/$NODE_NAME, unless ``--no-kubernetes``),
 Volcano queues and CiliumNetworkPolicy scopes, the kubelet's pod-resources
 API, the tenants file from a ConfigMap (``--config-map``), the metrics
-endpoint and its web config, and the SM-table check. Each reconcile opens
+endpoint and its web config, the SM-table check, and the startup taint
+(``--remove-taint``, daemon/taint.py). Each reconcile opens
 the node through cli/node.reconciler. A daemon: it writes log lines
 without being asked (``log_lines``, cli/main.py).
 """
@@ -43,6 +44,10 @@ def register(sub) -> None:
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig for the API (default: in-cluster service account, else $KUBECONFIG, ~/.kube/config)")
     p.add_argument("--no-kubernetes", action="store_true", help="do not watch pods even if NODE_NAME is set")
+    p.add_argument("--remove-taint", default=None, metavar="KEY[:EFFECT]", type=_taint_arg,
+                   help="after the first reconcile that enforced the tenants, remove this taint (effect default "
+                        "NoSchedule) from this node, once (daemonset/components/startup-taint: "
+                        "shaperd.io/agent-not-ready); needs the node's name and the API")
     p.add_argument("--config-map", default=None, metavar="NAMESPACE/NAME", type=_config_map_arg,
                    help="read and watch the tenants file from this ConfigMap through the API instead of --config")
     p.add_argument("--cilium-policies", action="store_true",
@@ -62,6 +67,15 @@ def _config_map_arg(text: str) -> str:
 
     try:
         return "/".join(parse_ref(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _taint_arg(text: str):
+    from shaperd.daemon.taint import parse_taint
+
+    try:
+        return parse_taint(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -113,10 +127,21 @@ def cmd_run(args) -> int:
             from shaperd.discovery.kubernetes.ciliumpolicies import CiliumPolicyView
 
             return CiliumPolicyView(on_change, kubeconfig=args.kubeconfig)
+    startup_taint = None
+    if args.remove_taint is not None:  # the startup taint (daemon/taint.py), off this node once it is shaped
+        if factory is None:
+            from shaperd.cli.errout import UsageError
+
+            raise UsageError(f"--remove-taint {args.remove_taint}: needs this node's name and the Kubernetes API "
+                             "(--node-name or $NODE_NAME, without --no-kubernetes)")
+        from shaperd.daemon.taint import StartupTaint
+
+        startup_taint = StartupTaint(node_name, args.remove_taint, kubeconfig=args.kubeconfig)
     d = Daemon(args.config, lambda pods: _reconciler(args, pods_source=pods, pod_resources=pod_resources),
                resync_interval_s=args.resync_interval, metrics_address=args.metrics_address,
                netns=getattr(args, "netns", None), pod_watcher_factory=factory, pod_resources=pod_resources,
                sm_check_settings=SmCheckSettings(interval_s=args.sm_check_interval, max_vls=dict(args.max_vls)),
                config_source=config_source, volcano_factory=volcano_factory, cilium_factory=cilium_factory,
-               web_config_file=args.web_config_file, metrics_all_tenants=args.metrics_all_tenants)
+               web_config_file=args.web_config_file, metrics_all_tenants=args.metrics_all_tenants,
+               startup_taint=startup_taint)
     return d.run()

@@ -74,8 +74,10 @@ class Daemon:
                  metrics_address: str | None = None, netns: str | None = None, pod_watcher_factory=None,
                  pod_resources=None, sm_check_settings=None, config_source=None, volcano_factory=None,
                  cilium_factory=None, web_config_file: str | None = None,
-                 metrics_all_tenants: bool = False):
+                 metrics_all_tenants: bool = False, startup_taint=None):
         self.path = config_path
+        # daemon.taint.StartupTaint (--remove-taint): told after each reconcile that enforced the tenants.
+        self.startup_taint = startup_taint
         # discovery.kubernetes.configmap.ConfigMapSource (--config-map): the tenants file through the API.
         self.config_source = config_source
         self.config_changed = False
@@ -270,6 +272,8 @@ class Daemon:
         self._on_exit(stack, "Volcano view", self._started("volcano"))  # started by the first reconcile using it
         if self.pod_resources is not None:
             self._on_exit(stack, "pod-resources client", self.pod_resources.close)
+        if self.startup_taint is not None:
+            self._on_exit(stack, "startup taint", self.startup_taint.stop)
 
     def _loop(self, rec) -> None:
         """Wait for a trigger (kernel event, pod or ConfigMap change, SIGHUP, file poll, resync), reconcile."""
@@ -455,6 +459,8 @@ class Daemon:
             return time.monotonic() + RETRY_BACKOFF_S[min(self.failures, len(RETRY_BACKOFF_S)) - 1]
         self.failures = 0
         self.applied_gen = gen
+        if self.startup_taint is not None:  # ran, nothing failed: the tenants are enforced (daemon/taint.py)
+            self.startup_taint.enforced()
         return None
 
     def _waiting(self, what: str) -> None:
@@ -505,6 +511,8 @@ class Daemon:
         rdma_metrics.install(self.metrics, self.rdma_sampler, self.sm_checker)
         install_backend_metrics(self.metrics, rec.enabled, self.jobs)
         install_annotation_metrics(self.metrics, rec)
+        if self.startup_taint is not None:
+            self.metrics.collectors.collectors["startup_taint"] = self.startup_taint.collector()
         try:
             server = MetricsServer(self.metrics_address, self.metrics, self.web_config_file)
         except (OSError, ValueError) as e:

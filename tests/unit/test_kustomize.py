@@ -5,7 +5,9 @@ server refuses (a Bidirectional mount on an unprivileged container):
 1. the rendered objects, strict, against the Kubernetes 1.29, 1.30 and 1.31 schemas
    (kubernetes-validate, offline). CRD kinds (ServiceMonitor, PrometheusRule, cert-manager's
    Issuer and Certificate) have no schema there: they get a structural check of the
-   fields their controllers require instead;
+   fields their controllers require instead. The startup taint's ValidatingAdmissionPolicy
+   (admissionregistration.k8s.io/v1) exists from 1.30: validated for 1.30 and 1.31, and shown
+   refused by 1.29 (which has only v1beta1);
 2. API-server validation rules no schema holds (mount propagation, no_new_privs with
    privileged or SYS_ADMIN) and Pod Security admission (the namespace's level admits the pods);
 3. the project's own rules: pullable image references, the tenants ConfigMap outside every
@@ -32,6 +34,14 @@ DS = ROOT / "daemonset"
 OVERLAYS = sorted(p.name for p in (DS / "overlays").iterdir() if (p / "kustomization.yaml").exists())
 K8S_VERSIONS = ["1.29.0", "1.30.0", "1.31.0"]
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "Issuer", "Certificate"}
+# Served as admissionregistration.k8s.io/v1 from 1.30 (GA); 1.29 has only v1beta1, off by default.
+# Validated for 1.30+, and checked to be refused by 1.29 (test_the_admission_policy_needs_1_30).
+SINCE_1_30 = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
+def _validated_kinds(version: str) -> set[str]:
+    """The kinds kubernetes-validate has no schema for at ``version`` (skipped, each for its reason)."""
+    return CRD_KINDS | (SINCE_1_30 if version.startswith("1.29.") else set())
 
 
 def _kustomize_cmd() -> list[str] | None:
@@ -90,7 +100,7 @@ def rendered(everything) -> dict[str, list[dict]]:
 
 def test_the_components_are_the_documented_ones():
     assert COMPONENTS == ["cilium-policies", "config-map", "gke-quota", "monitoring", "monitoring-selector",
-                          "rdma-webhook", "volcano"]
+                          "rdma-webhook", "startup-taint", "volcano"]
 
 
 def by_kind(docs: list[dict], kind: str) -> list[dict]:
@@ -120,7 +130,7 @@ def test_every_builtin_object_is_valid_strict_for(version, rendered):
     checked = 0
     for overlay, docs in rendered.items():
         for d in docs:
-            if d["kind"] in CRD_KINDS:
+            if d["kind"] in _validated_kinds(version):
                 continue
             try:
                 kv.validate(d, version, strict=True)
@@ -156,8 +166,8 @@ def test_crd_objects_carry_what_their_controllers_require(rendered):
     for g in pr["spec"]["groups"]:
         assert g["name"] and all(("alert" in r) ^ ("record" in r) and r["expr"] for r in g["rules"])
     for kind in ("Issuer", "Certificate"):
-        (obj,) = by_kind(docs, kind)
-        assert obj["apiVersion"] == "cert-manager.io/v1" and obj["spec"]
+        objs = by_kind(docs, kind)
+        assert len(objs) == 2 and all(o["apiVersion"] == "cert-manager.io/v1" and o["spec"] for o in objs)
 
 
 # ---- 2. what the API server and Pod Security admission check --------------------------------
@@ -335,8 +345,12 @@ def test_the_agents_arguments_suit_the_cli_in_every_rendering(rendered):
 def test_every_role_is_read_only_and_bound_to_the_agent(rendered):
     docs = rendered["+all"]
     roles = by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
-    assert len(roles) == 4  # pods, Volcano, Cilium policies, the one ConfigMap
+    assert len(roles) == 5  # pods, Volcano, Cilium policies, the one ConfigMap, the startup taint's nodes
     for r in roles:
+        if r["metadata"]["name"] == "shaperd-startup-taint":
+            # The one write: bounded to its own node and that taint by the admission policy (below).
+            assert r["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+            continue
         for rule in r["rules"]:
             assert set(rule["verbs"]) <= {"get", "list", "watch"}, r["metadata"]["name"]
     for b in by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding"):
@@ -345,14 +359,16 @@ def test_every_role_is_read_only_and_bound_to_the_agent(rendered):
 
 # ---- 4. manifests that move and are picked up ------------------------------------------------
 
-# Every component but config-map, whose Role and RoleBinding live in the ConfigMap's namespace
-# (kubeflow here): a `namespace:` overlay moves them too, so that component is edited per site anyway.
-MOVABLE = [c for c in COMPONENTS if c != "config-map"]
+# Every component, config-map included: its Role and RoleBinding stay in the ConfigMap's namespace
+# (kubeflow), put back there by daemonset/namespace-refs after `namespace:` moved them.
+MOVABLE = COMPONENTS
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 
 @pytest.fixture(scope="module")
 def moved(tmp_path_factory) -> tuple[str, str]:
-    """The base and every movable component with `namespace: netshape`: with daemonset/namespace-refs, without."""
+    """The base and every component with `namespace: netshape`: with daemonset/namespace-refs, without."""
     if KUSTOMIZE is None:
         pytest.skip("no kustomize v4+ on PATH")
     out = []
@@ -369,16 +385,29 @@ def test_a_namespace_overlay_with_the_namespace_refs_names_shaperd_system_nowher
     text, without = moved
     assert "shaperd-system" not in text
     # The check can fail: kustomize's namespace: alone leaves the names inside strings.
-    assert without.count("shaperd-system") >= 4
+    assert without.count("shaperd-system") >= 5
+    # ... and moves the config-map component's Role away from its ConfigMap.
+    kinds_without = {(d["kind"], d["metadata"].get("namespace")) for d in yaml.safe_load_all(without) if d
+                     and d["metadata"]["name"] == "shaperd-tenants-reader"}
+    assert kinds_without == {("Role", "netshape"), ("RoleBinding", "netshape")}
     docs = [d for d in yaml.safe_load_all(text) if d]
     (ns,) = by_kind(docs, "Namespace")
     assert ns["metadata"]["name"] == "netshape"
-    assert {d["metadata"].get("namespace") for d in docs if d["kind"] not in (
-        "Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration")} == {"netshape"}
-    (cert,) = by_kind(docs, "Certificate")
+    tenants_reader = [d for d in docs if d["metadata"]["name"] == "shaperd-tenants-reader"]
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] not in CLUSTER_SCOPED
+            and d not in tenants_reader} == {"netshape"}
+    # The config-map component's Role and RoleBinding stay with the ConfigMap; the binding's subject moved.
+    assert sorted((d["kind"], d["metadata"]["namespace"]) for d in tenants_reader) == [
+        ("Role", "kubeflow"), ("RoleBinding", "kubeflow")]
+    (rb,) = by_kind(docs, "RoleBinding")
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "shaperd", "namespace": "netshape"}]
+    (cert,) = [c for c in by_kind(docs, "Certificate") if c["metadata"]["name"] == "shaperd-webhook"]
     assert cert["spec"]["dnsNames"] == ["shaperd-webhook.netshape.svc", "shaperd-webhook.netshape.svc.cluster.local"]
     (mwc,) = by_kind(docs, "MutatingWebhookConfiguration")
-    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "netshape/shaperd-webhook"
+    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "netshape/shaperd-webhook-ca"
+    (vap,) = by_kind(docs, "ValidatingAdmissionPolicy")
+    assert vap["spec"]["matchConditions"][0]["expression"] == (
+        "request.userInfo.username == 'system:serviceaccount:netshape:shaperd'")
     (hook,) = mwc["webhooks"]
     assert hook["clientConfig"]["service"]["namespace"] == "netshape"
     (expr,) = hook["namespaceSelector"]["matchExpressions"]
@@ -398,7 +427,7 @@ def test_the_moved_rendering_is_valid_strict_for(version, moved):
     docs = [d for d in yaml.safe_load_all(moved[0]) if d]
     checked = 0
     for d in docs:
-        if d["kind"] in CRD_KINDS:
+        if d["kind"] in _validated_kinds(version):
             continue
         try:
             kv.validate(d, version, strict=True)
@@ -466,3 +495,189 @@ def test_the_agent_and_the_webhook_have_a_startup_probe_ahead_of_liveness(render
         budget = start["periodSeconds"] * start["failureThreshold"]
         assert budget >= 60 and budget > live["periodSeconds"] * live["failureThreshold"], obj["metadata"]["name"]
     assert {o["metadata"]["name"] for o, _ in pod_specs(docs)} == {"shaperd", "shaperd-webhook"}
+
+
+# ---- 5. the webhook's CA, the startup taint ---------------------------------------------------
+
+def _hours(d: str) -> float:
+    m = re.fullmatch(r"(\d+)h", d)
+    assert m, d
+    return float(m.group(1))
+
+
+def _named(docs: list[dict], kind: str, name: str) -> dict:
+    (obj,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return obj
+
+
+@needs_kustomize
+def test_the_webhook_trusts_a_ca_that_survives_the_serving_certificates_renewals(rendered):
+    docs = rendered["rdma-webhook"]
+    (dep,) = by_kind(docs, "Deployment")
+    ns = dep["metadata"]["namespace"]
+    (mwc,) = by_kind(docs, "MutatingWebhookConfiguration")
+    inject_ns, inject_name = mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].split("/")
+    ca = _named(docs, "Certificate", inject_name)
+    # The caBundle comes from the CA: a Certificate with isCA, issued by the self-signed Issuer.
+    assert inject_ns == ns and ca["spec"]["isCA"] is True
+    root = _named(docs, "Issuer", ca["spec"]["issuerRef"]["name"])
+    assert "selfSigned" in root["spec"] and ca["spec"]["issuerRef"]["kind"] == "Issuer"
+    # The CA Issuer signs with the CA's secret; the serving certificate (the one the pod mounts) is its.
+    (ca_issuer,) = [i for i in by_kind(docs, "Issuer") if i["spec"].get("ca", {}).get("secretName") ==
+                    ca["spec"]["secretName"]]
+    (tls_vol,) = [v for v in dep["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    leaf = [c for c in by_kind(docs, "Certificate") if c["spec"]["secretName"] == tls_vol["secret"]["secretName"]]
+    (leaf,) = leaf
+    assert leaf["spec"]["issuerRef"] == {"kind": "Issuer", "name": ca_issuer["metadata"]["name"]}
+    assert not leaf["spec"].get("isCA") and leaf is not ca
+    # Short leaf, long CA; the CA keeps its key when it renews, so leaves it signed earlier still verify.
+    assert _hours(leaf["spec"]["duration"]) <= 24 * 90 < 24 * 365 * 5 <= _hours(ca["spec"]["duration"])
+    assert _hours(leaf["spec"]["renewBefore"]) < _hours(leaf["spec"]["duration"])
+    assert ca["spec"]["privateKey"]["rotationPolicy"] == "Never"
+    assert leaf["spec"]["privateKey"]["rotationPolicy"] == "Always"
+    # Every Issuer and Certificate in the webhook's namespace (an Issuer serves its own namespace only).
+    assert {o["metadata"]["namespace"] for o in by_kind(docs, "Issuer") + by_kind(docs, "Certificate")} == {ns}
+
+
+@needs_kustomize
+def test_the_self_signed_fallback_component_restores_the_old_chain_and_moves_too(tmp_path):
+    rel = os.path.relpath(DS, tmp_path)
+    d = overlay(tmp_path, ["rdma-webhook", "rdma-webhook/selfsigned"], namespace="netshape",
+                transformers=["namespace-refs"])
+    text = subprocess.run([*KUSTOMIZE, str(d)], capture_output=True, text=True, timeout=60,
+                          start_new_session=True, check=True).stdout
+    assert rel and "shaperd-system" not in text
+    docs = [x for x in yaml.safe_load_all(text) if x]
+    (cert,) = by_kind(docs, "Certificate")
+    (issuer,) = by_kind(docs, "Issuer")
+    assert "selfSigned" in issuer["spec"] and cert["spec"]["issuerRef"]["name"] == issuer["metadata"]["name"]
+    (mwc,) = by_kind(docs, "MutatingWebhookConfiguration")
+    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "netshape/" + cert["metadata"]["name"]
+    assert cert["spec"]["dnsNames"][0] == "shaperd-webhook.netshape.svc"
+
+
+TAINT_KEY, TAINT_EFFECT = "shaperd.io/agent-not-ready", "NoSchedule"
+
+
+def _tolerates(tolerations: list[dict], key: str, effect: str) -> bool:
+    """core/v1 Toleration.ToleratesTaint for a taint without a value."""
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != effect:
+            continue
+        if t.get("operator", "Equal") == "Exists" and t.get("key") in (None, "", key):
+            return True
+        if t.get("operator", "Equal") == "Equal" and t.get("key") == key and not t.get("value"):
+            return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def tainted(tmp_path_factory) -> list[dict]:
+    if KUSTOMIZE is None:
+        pytest.skip("no kustomize v4+ on PATH")
+    return render(overlay(tmp_path_factory.mktemp("taint"), ["startup-taint"]))
+
+
+@needs_kustomize
+def test_the_startup_taint_component_asks_the_agent_to_remove_the_taint_it_tolerates(tainted):
+    (ds,) = by_kind(tainted, "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    args = build_parser().parse_args(spec["containers"][0]["args"])
+    assert (args.remove_taint.key, args.remove_taint.effect) == (TAINT_KEY, TAINT_EFFECT)
+    assert {"key": TAINT_KEY, "operator": "Exists", "effect": TAINT_EFFECT} in spec["tolerations"]
+    # The explicit toleration alone tolerates it (the base's blanket Exists may be narrowed by a site).
+    assert _tolerates([{"key": TAINT_KEY, "operator": "Exists", "effect": TAINT_EFFECT}], TAINT_KEY, TAINT_EFFECT)
+    assert not _tolerates([{"key": "other", "operator": "Exists"}], TAINT_KEY, TAINT_EFFECT)
+    # NODE_NAME from the downward API: how the agent knows which node is its own.
+    (env,) = [e for e in spec["containers"][0]["env"] if e["name"] == "NODE_NAME"]
+    assert env["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # Without the component, no flag and no node access.
+    plain = render("default")
+    (pds,) = by_kind(plain, "DaemonSet")
+    assert build_parser().parse_args(pds["spec"]["template"]["spec"]["containers"][0]["args"]).remove_taint is None
+
+
+def _policy(docs):
+    (vap,) = by_kind(docs, "ValidatingAdmissionPolicy")
+    (binding,) = by_kind(docs, "ValidatingAdmissionPolicyBinding")
+    return vap, binding
+
+
+@needs_kustomize
+def test_the_admission_policy_bounds_the_node_patch_to_the_agents_node_and_that_taint(tainted):
+    """A review of the CEL's intent in the rendered manifest (the expressions are run against allowed and
+    denied node updates in tests/unit/test_startup_taint_policy.py)."""
+    vap, binding = _policy(tainted)
+    (sa,) = by_kind(tainted, "ServiceAccount")
+    spec = vap["spec"]
+    assert vap["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
+    assert spec["failurePolicy"] == "Fail"  # a policy that cannot be evaluated denies
+    # What RBAC grants the agent on nodes is what the policy watches: updates (a PATCH is one) of nodes.
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule == {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}
+    # Only the agent's own service account is evaluated.
+    (cond,) = spec["matchConditions"]
+    user = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+    assert cond["expression"] == f"request.userInfo.username == '{user}'"
+    exprs = [" ".join(v["expression"].split()) for v in spec["validations"]]
+    variables = {v["name"]: " ".join(v["expression"].split()) for v in spec["variables"]}
+    # 1. its own node: the name in its bound token (ServiceAccountTokenPodNodeInfo); absent is denied.
+    assert "request.userInfo.extra['authentication.kubernetes.io/node-name'][0]" in variables["tokenNode"]
+    assert exprs[0] == "variables.tokenNode != '' && object.metadata.name == variables.tokenNode"
+    # 2. the taints after = before without exactly that key and effect, order kept.
+    assert exprs[1] == ("variables.newTaints == variables.oldTaints.filter(t, "
+                        f"!(t.key == '{TAINT_KEY}' && t.effect == '{TAINT_EFFECT}'))")
+    assert variables["oldTaints"] == "has(oldObject.spec.taints) ? oldObject.spec.taints : []"
+    assert variables["newTaints"] == "has(object.spec.taints) ? object.spec.taints : []"
+    # 3. everything else a node update could change, equal.
+    checked = set()
+    for e in exprs[2:]:
+        m = re.fullmatch(r"has\(object\.(\S+)\) == has\(oldObject\.\1\) && \(!has\(object\.\1\) \|\| "
+                         r"object\.\1 == oldObject\.\1\)", e)
+        assert m, e
+        checked.add(m.group(1))
+    assert checked == {"metadata.labels", "metadata.annotations", "metadata.ownerReferences", "metadata.finalizers",
+                       "spec.unschedulable", "spec.podCIDR", "spec.podCIDRs", "spec.providerID",
+                       "spec.configSource", "spec.externalID"}
+    # Denials are 403 (the agent backs off), each saying what it refused.
+    assert all(v["reason"] == "Forbidden" and v["message"] for v in spec["validations"])
+
+
+@needs_kustomize
+def test_the_admission_policy_needs_1_30(tainted):
+    kv = pytest.importorskip("kubernetes_validate")
+    vap, binding = _policy(tainted)
+    for obj in (vap, binding):
+        for version in ("1.30.0", "1.31.0"):
+            kv.validate(obj, version, strict=True)
+        with pytest.raises(kv.SchemaNotFoundError):  # 1.29 serves no admissionregistration.k8s.io/v1 policy
+            kv.validate(obj, "1.29.0", strict=True)
+        beta = dict(obj, apiVersion="admissionregistration.k8s.io/v1beta1")
+        kv.validate(beta, "1.29.0", strict=True)  # ... only v1beta1 (off unless the API server enables it)
+
+
+@needs_kustomize
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_each_component_alone_moves_with_the_namespace(component, tmp_path):
+    """The namespace-refs transformer works for every combination, not only with every component
+    (a replacement whose source is missing fails the whole rendering)."""
+    d = overlay(tmp_path, [component], namespace="netshape", transformers=["namespace-refs"])
+    r = subprocess.run([*KUSTOMIZE, str(d)], capture_output=True, text=True, timeout=60, start_new_session=True)
+    assert r.returncode == 0, r.stderr
+    assert "shaperd-system" not in r.stdout
+    docs = [x for x in yaml.safe_load_all(r.stdout) if x]
+    namespaced = {x["metadata"].get("namespace") for x in docs if x["kind"] not in CLUSTER_SCOPED}
+    assert namespaced == ({"netshape", "kubeflow"} if component == "config-map" else {"netshape"})
+
+
+@needs_kustomize
+def test_the_config_map_namespace_is_one_value_in_the_three_places(tmp_path):
+    docs = render(overlay(tmp_path, ["config-map"]))
+    (ds,) = by_kind(docs, "DaemonSet")
+    args = build_parser().parse_args(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+    (sa,) = by_kind(docs, "ServiceAccount")
+    ns = args.config_map.split("/")[0]
+    assert sa["metadata"]["annotations"]["shaperd.io/config-map-namespace"] == ns
+    assert {(x["kind"], x["metadata"]["namespace"]) for x in docs if x["metadata"]["name"] == "shaperd-tenants-reader"} \
+        == {("Role", ns), ("RoleBinding", ns)}

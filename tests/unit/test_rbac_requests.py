@@ -7,7 +7,8 @@ keeps what the command line built for it, so the pod watcher, the tenants
 ConfigMap source, the Cilium policy view and the Volcano view are exactly
 the objects the agent would run. Each is then driven through its paths:
 the first list, a watch that delivers an event, and the relist after the
-server has forgotten the version the watch resumed from (410 Gone).
+server has forgotten the version the watch resumed from (410 Gone); the
+startup taint's remover reads its node and patches the taint off.
 
 Every request the fake recorded, as the API server's authorizer sees it
 (verb, group, resource, namespace, name), must be allowed by the roles in
@@ -66,7 +67,7 @@ class _Built:
 def agent(api, tmp_path, monkeypatch):
     """What ``shaperd run`` with the DaemonSet's args builds, pointed at the fake API server."""
     args = daemonset_args()
-    assert "--config-map" in args and "--cilium-policies" in args  # the components this test covers
+    assert "--config-map" in args and "--cilium-policies" in args and "--remove-taint" in args  # the components covered
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
     monkeypatch.setenv("NODE_NAME", NODE)  # the DaemonSet's downward API
     monkeypatch.setattr(service, "Daemon", _Built)
@@ -106,6 +107,8 @@ def test_every_request_the_agent_makes_is_allowed_and_every_rule_is_needed(api, 
                          "data": {"traffic-shaping.yaml": "tenants: [{name: a, bandwidthGuarantee: 1Gbps}]"}})
     api.put_object(cms, {"metadata": {"name": "someone-elses", "namespace": cm_ns}, "data": {}})
     api.add_pod(make_pod("p0", NODE, labels={"training-tenant": "a"}))
+    api.add_node(NODE, taints=[{"key": "shaperd.io/agent-not-ready", "effect": "NoSchedule"}])
+    api.add_node("node-2", taints=[{"key": "shaperd.io/agent-not-ready", "effect": "NoSchedule"}])
 
     ev = threading.Event()
     pods = agent["pod_watcher_factory"](ev.set)
@@ -142,13 +145,22 @@ def test_every_request_the_agent_makes_is_allowed_and_every_rule_is_needed(api, 
         api.compact()
         api.drop_watches()
         assert _wait(lambda: all(_lists(api, p) > lists_before[p] for p in watched), ev)
+        # The startup taint (daemonset/components/startup-taint): after the first enforcing reconcile.
+        taint = agent["startup_taint"]
+        taint.enforced()
+        running.append(taint)
+        assert taint.done.wait(DEADLINE_S) and taint.state == "removed"
     finally:
         for r in running:
             r.stop()
 
     accesses = api.accesses()
     grants = rbac.agent_grants()
-    assert {a.verb for a in accesses} == {"list", "watch"}  # read-only, and nothing but lists and watches
+    # Lists and watches, and the startup taint's one read and one patch, of its own node only.
+    assert {a.verb for a in accesses} == {"list", "watch", "get", "patch"}
+    assert {a for a in accesses if a.resource == "nodes"} == {Access("get", "", "nodes", "", NODE),
+                                                             Access("patch", "", "nodes", "", NODE)}
+    assert api.node_taints("node-2") and not api.node_taints(NODE)
     assert rbac.denied(grants, accesses) == []
     # Least privilege: no grant the agent never needed (a new rule needs a request here, or its reason here).
     assert rbac.unused(grants, accesses) == []
@@ -165,7 +177,9 @@ def test_the_checker_refuses_what_the_roles_do_not_grant():
     for bad in (ok._replace(verb="get"), ok._replace(verb="update"), ok._replace(name="another"),
                 ok._replace(name=""), ok._replace(namespace="default"), Access("list", "", "secrets"),
                 Access("create", "", "pods"), Access("get", "", "pods", "default", "p0"),
-                Access("list", "cilium.io", "ciliumendpoints"), Access("get", path="/version")):
+                Access("list", "cilium.io", "ciliumendpoints"), Access("get", path="/version"),
+                Access("update", "", "nodes", "", NODE), Access("patch", "", "nodes/status", "", NODE),
+                Access("delete", "", "nodes", "", NODE), Access("list", "", "nodes")):
         assert rbac.denied(grants, [bad]) == [bad], bad
 
 

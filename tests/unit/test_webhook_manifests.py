@@ -9,8 +9,18 @@ from shaperd.cli.main import build_parser
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def all_docs():
+    return list(yaml.safe_load_all((ROOT / "daemonset" / "components" / "rdma-webhook" / "webhook.yaml").read_text()))
+
+
 def docs():
-    return {d["kind"]: d for d in yaml.safe_load_all((ROOT / "daemonset" / "components" / "rdma-webhook" / "webhook.yaml").read_text())}
+    """By kind; of the two Issuers and Certificates the last: the CA Issuer and the serving Certificate."""
+    return {d["kind"]: d for d in all_docs()}
+
+
+def named(kind: str, name: str) -> dict:
+    (d,) = [d for d in all_docs() if d["kind"] == kind and d["metadata"]["name"] == name]
+    return d
 
 
 def test_the_webhook_configuration_is_v1_ignore_no_side_effects_with_an_injected_ca():
@@ -24,8 +34,11 @@ def test_the_webhook_configuration_is_v1_ignore_no_side_effects_with_an_injected
     assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                               "resources": ["pods"], "scope": "Namespaced"}]
     cert = d["Certificate"]
-    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
-        f"{cert['metadata']['namespace']}/{cert['metadata']['name']}"
+    # The caBundle from the CA that signs the serving certificate (its Issuer's secret is the CA's).
+    ns, ca_name = mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].split("/")
+    ca = named("Certificate", ca_name)
+    assert ns == cert["metadata"]["namespace"] == ca["metadata"]["namespace"] and ca["spec"]["isCA"] is True
+    assert d["Issuer"]["spec"]["ca"]["secretName"] == ca["spec"]["secretName"]
     svc = d["Service"]
     assert hook["clientConfig"]["service"] == {"name": svc["metadata"]["name"],
                                                "namespace": svc["metadata"]["namespace"], "path": "/mutate",

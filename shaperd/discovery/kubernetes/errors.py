@@ -4,7 +4,8 @@ Owns what a failure at the API server means for the watch loop: permanent
 until the environment changes (``KubernetesConfigError``), retried with
 backoff while the cache is kept (``TransientKubernetesError``), relist
 (``ResourceExpired``), resume from the last good version
-(``WatchStreamCorrupt``), or skip one pod (``PodParseError``).
+(``WatchStreamCorrupt``), skip one pod (``PodParseError``), or read again and redo a
+write (``Conflict``: the node patch of the startup taint).
 ``map_api_error`` is the only place an exception from the HTTP side
 (``ApiStatus``: a non-2xx answer or a watch ERROR event; urllib3 and socket
 errors) becomes one of these; the cause is chained by the caller
@@ -57,6 +58,11 @@ class ResourceExpired(KubernetesError):
     """410 Gone: our resourceVersion is older than the server's history. Relist."""
 
 
+class Conflict(TransientKubernetesError):
+    """409 Conflict, or 422 from a JSON patch whose ``test`` op failed: the object changed since it was
+    read. Read it again and redo the change (the startup taint's node patch)."""
+
+
 class WatchStreamCorrupt(TransientKubernetesError):
     """A watch line that is not a watch event (not JSON, no type, no object). Resume from the last good version."""
 
@@ -83,7 +89,9 @@ def map_api_error(verb: str, obj: str, exc: BaseException) -> KubernetesError:
         if status in (401, 403):
             # Not transient in kopf's sense, but a token rotation or RBAC fix
             # heals it without a restart, so it is still retried (slowly).
-            return KubernetesError(verb, obj, f"{cause} (check the service account's RBAC for pods list/watch)", status)
+            return KubernetesError(verb, obj, f"{cause} (check the service account's RBAC for {verb} of it)", status)
+        if status in (409, 422):
+            return Conflict(verb, obj, cause, status)
         return TransientKubernetesError(verb, obj, cause, status)
     if isinstance(exc, (urllib3.exceptions.HTTPError, OSError, ValueError)):
         return TransientKubernetesError(verb, obj, f"{type(exc).__name__}: {exc}")

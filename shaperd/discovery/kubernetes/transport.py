@@ -1,4 +1,5 @@
-"""HTTP to the API server: one urllib3 pool per watcher, TLS from a ``ClientConfig``, GET only.
+"""HTTP to the API server: one urllib3 pool per watcher, TLS from a ``ClientConfig``; GETs, and the one
+write the agent makes (``patch_json``: the startup taint's JSON patch of its own node).
 
 Owns the request: URL (server prefix + path + query), the TLS context (the
 cluster CA or the system roots, a client certificate, insecure-skip-tls-verify,
@@ -106,11 +107,28 @@ class ApiClient:
 
         ``timeout``: (connect_s, read_s); read_s bounds every wait for bytes, so a hung
         server or a silent watch ends in ReadTimeoutError."""
+        return self._request("GET", path, query, timeout)
+
+    def patch_json(self, path: str, ops: list[dict], timeout: tuple[float, float]):
+        """PATCH ``path`` with an RFC 6902 JSON patch: the decoded object of a 2xx (ValueError when it is not
+        JSON); ``ApiStatus`` for anything else (a failed ``test`` op is a 422)."""
+        resp = self._request("PATCH", path, None, timeout, body=json.dumps(ops).encode(),
+                             content_type="application/json-patch+json")
+        try:
+            body = resp.read()
+        finally:
+            resp.release_conn()
+        return json.loads(body)
+
+    def _request(self, method: str, path: str, query: dict[str, str] | None, timeout: tuple[float, float],
+                 body: bytes | None = None, content_type: str | None = None) -> urllib3.BaseHTTPResponse:
         auth = self.cfg.auth
         cred = auth.credential() if auth is not None else Credential()
         headers = {"Authorization": f"Bearer {cred.token}"} if cred.token else {}
+        if content_type:
+            headers["Content-Type"] = content_type
         resp = self._pool_for(cred).request(
-            "GET", self.url(path, query), headers=headers, preload_content=False, redirect=False,
+            method, self.url(path, query), headers=headers, body=body, preload_content=False, redirect=False,
             timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]))
         if 200 <= resp.status <= 299:
             return resp
