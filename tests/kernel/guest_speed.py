@@ -27,7 +27,7 @@ ENV = "SHAPERD_GUEST_SCALE"
 REFERENCE_CPU_S = 0.6
 REFERENCE_IMPORT_S = 8.0
 CPU_LOOPS = 300_000
-MAX_FACTOR = 8.0  # past this the guest is too slow to be useful: the tier's outer deadline says so
+MAX_FACTOR = 4.0  # past this the guest is too slow to be useful; the sum of the scaled deadlines fits the boot's
 
 
 def cpu_workload(loops: int = CPU_LOOPS) -> float:
