@@ -351,10 +351,12 @@ def status_step(bed: Bed, dataplane: str) -> dict:
         cfg.write_text(tenants_yaml(dataplane))
         # 120 s on a quiet machine (sh scales it by the guest's measured speed): under TCG the command's
         # imports over the shared 9p filesystem dominate (BENCHMARKS.md "status cost").
+        t = time.monotonic()
         r = sh([sys.executable, "-m", "shaperd", "status", "-o", "json", "--netns", bed.node, "--config", str(cfg),
                 "--interval", "0.2"], timeout=120.0, check=False)
+        seconds = round(time.monotonic() - t, 2)  # recorded for BENCHMARKS.md "status cost", never asserted
     doc = json.loads(r.stdout.splitlines()[-1]) if r.stdout.strip() else {}
-    return {"rc": r.returncode, "stderr": r.stderr[-2000:], "edt": doc.get("edt"), "edt_errors": doc.get("edt_errors")}
+    return {"rc": r.returncode, "seconds": seconds, "stderr": r.stderr[-2000:], "edt": doc.get("edt"), "edt_errors": doc.get("edt_errors")}
 
 
 def busy_jiffies() -> int:
