@@ -72,3 +72,23 @@ def test_an_outer_deadline_kill_says_how_far_the_guest_got(tmp_path, runner, say
     if runner is not None:
         (tmp_path / vm.RUNNER_JSON).write_text(json.dumps(runner))
     assert says in vm.progress(tmp_path)
+
+
+def test_the_runner_exports_the_factor_runs_each_program_and_records_its_progress(tmp_path, monkeypatch):
+    from . import guest_main
+
+    seen = []
+
+    def fake_run(argv, timeout_s=None):
+        seen.append((argv[2], timeout_s, guest_speed.factor()))
+        return {"argv": argv, "rc": 0, "stdout": "x" * 9000, "stderr": ""}
+
+    monkeypatch.setattr(guest_speed, "calibrate", lambda: {"factor": 2.0, "cpu_s": 1.2, "import_s": 16.0})
+    monkeypatch.setattr(guest_main, "run", fake_run)
+    monkeypatch.setenv(guest_speed.ENV, "1")  # restored after the test (the runner overwrites it in os.environ)
+    assert guest_main.main(str(tmp_path)) == 0
+    assert seen == [(p.module, p.deadline_s * 2.0, 2.0) for p in vm.GUEST_PROGRAMS]
+    doc = json.loads((tmp_path / vm.RUNNER_JSON).read_text())
+    assert doc["done"] == [p.name for p in vm.GUEST_PROGRAMS] and doc["now"] == "finished"
+    assert all(len(s["stdout"]) == 4000 for s in doc["programs"].values())  # tails only: runner.json stays small
+    assert f"finished; done: {', '.join(p.name for p in vm.GUEST_PROGRAMS)}" in vm.progress(tmp_path)
