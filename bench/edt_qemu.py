@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads(path.read_text())
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, sort_keys=True))
+    cal = result.get("calibration") or {}
+    print(f"guest speed: cpu loop {cal.get('cpu_s')} s, CLI import {cal.get('import_s')} s, deadline factor "
+          f"{cal.get('factor')} (tests/kernel/guest_speed.py)")
     print(f"kernel {result['uname']} under TCG, guest run {run.seconds:.0f} s; host load before "
           f"{host_load_before}, after {Path('/proc/loadavg').read_text().strip()}; guest load {result['loadavg']}")
     print(f"stamper: {result['cases']['insns']} instructions, {result['cases']['ns_per_run']} ns per "

@@ -1,8 +1,8 @@
 """The real-kernel tier: one QEMU guest (Debian's kernel, rdma_rxe) booted once for the whole session.
 
 Every test here reads the result of that one boot (tests/kernel/vm.py runs
-tests/kernel/guest_probe.py in the guest), so the tier costs one boot,
-about a minute under TCG. Without root the tier is skipped with a reason;
+every program of vm.GUEST_PROGRAMS in the guest, through tests/kernel/guest_main.py,
+with deadlines scaled by the guest's measured speed), so the tier costs one boot. Without root the tier is skipped with a reason;
 as root, a missing qemu, kernel image, busybox or virtme-ng is a failure
 (scripts/setup installs them), so CI can never skip it silently.
 """
@@ -37,7 +37,11 @@ def guest(tmp_path_factory) -> Guest:
     out = tmp_path_factory.mktemp("rxe-guest")
     run, result = vm.probe(out)
     print(f"\nQEMU guest: kernel {run.kernel}, rc {run.rc}, {run.seconds:.0f} s")
+    cal = result.get("calibration") if result else None
+    if cal:
+        print(f"QEMU guest speed: cpu {cal['cpu_s']} s, import {cal['import_s']} s, deadline factor {cal['factor']}")
     if result is None:
         pytest.fail(f"the guest wrote no result (rc {run.rc} after {run.seconds:.0f} s; None = killed at the "
-                    f"{vm.BOOT_DEADLINE_S:.0f} s deadline). Its console:\n{run.output[-4000:]}", pytrace=False)
+                    f"{vm.BOOT_DEADLINE_S:.0f} s deadline); {vm.progress(out)}. Its console:\n{run.output[-4000:]}",
+                    pytrace=False)
     return Guest(run, result)

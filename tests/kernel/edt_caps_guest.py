@@ -28,10 +28,11 @@ import time
 from pathlib import Path
 
 from .edt_guest import BRONZE, MTU, NODE_IF, TX_QUEUES, Bed, classids, mbit, sh, tenants_yaml, traffic
+from .guest_speed import deadline
 
 LEAST = ["setpriv", "--bounding-set=-all,+net_admin,+bpf", "--inh-caps=-all"]
 ROOT = Path(__file__).resolve().parents[2]
-DAEMON_DEADLINE_S = 150.0  # start-up under TCG (imports, probe, first reconcile) takes tens of seconds
+DAEMON_DEADLINE_S = 150.0  # quiet machine; scaled by guest_speed. Start-up under TCG (imports, probe, first reconcile) takes tens of seconds
 BRONZE_S = 3.0
 
 
@@ -54,7 +55,7 @@ class Daemon:
             # ip netns exec and setpriv exec: this pid is the agent's.
             self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
                                       start_new_session=True)
-        self.deadline = time.monotonic() + DAEMON_DEADLINE_S
+        self.deadline = time.monotonic() + deadline(DAEMON_DEADLINE_S)
 
     def lines(self) -> list[dict]:
         out = []

@@ -28,8 +28,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# One boot is ~20-30 s under TCG here; the probe adds ~30 s. Generous, and far inside CI's budget.
-BOOT_DEADLINE_S = 540.0
+
+
+@dataclass(frozen=True)
+class GuestProgram:
+    """One program of the tier's single boot: ``python -m MODULE OUTDIR`` in the guest writes OUTDIR/RESULT."""
+
+    name: str  # its key in the merged result (the probe's is the result itself)
+    module: str
+    result: str  # the JSON file it writes into OUTDIR
+    deadline_s: float  # on a quiet machine; the guest runner multiplies it by the calibrated factor
+
+
+# Every guest program of the tier, run in this order by tests/kernel/guest_main.py in one boot.
+# Adding one is one line here; its tests read ``guest.result[NAME]`` (tests/kernel/conftest.py).
+GUEST_PROGRAMS: tuple[GuestProgram, ...] = (
+    GuestProgram("probe", "tests.kernel.guest_probe", "result.json", 240.0),  # rxe, RDMA netlink, rdma status
+    GuestProgram("edt", "tests.kernel.edt_guest", "edt.json", 480.0),  # edt data plane, isolation, status
+)
+RUNNER_JSON = "runner.json"  # the runner's calibration and progress (tests/kernel/guest_main.py)
+# The outer deadline of one boot, on the host. The guest's own deadlines scale with its measured speed
+# (up to guest_speed.MAX_FACTOR); this one cannot be calibrated before the guest runs, so it is generous:
+# a quiet boot of the whole tier takes minutes (BENCHMARKS.md "QEMU tier"); 60 min is still inside
+# CI's 90. When it is hit, the failure names the program the guest was running (runner.json).
+BOOT_DEADLINE_S = 3600.0
 
 
 class VmUnavailable(Exception):
@@ -68,9 +90,32 @@ def check_tools() -> tuple[Path, Path]:
     return vng_binary(), kernel_image()
 
 
+def precompile(timeout_s: float = 600.0) -> None:
+    """Write the bytecode of shaperd, the tests and the venv's packages on the host, before a boot.
+
+    The guest sees the host's tree read-only, so it cannot cache bytecode: without this every
+    Python process in it compiles every module it imports, under TCG (~15x slower than here).
+    That compile was most of ``shaperd status``'s minute in the guest (BENCHMARKS.md "status
+    cost"). compileall skips what is up to date; -f is not used, so a warm tree costs ~1 s.
+    """
+    import sysconfig
+
+    dirs = [ROOT / "shaperd", ROOT / "tests", ROOT / "bench", Path(sysconfig.get_paths()["purelib"])]
+    argv = [sys.executable, "-m", "compileall", "-q", "-j", "0", *(str(d) for d in dirs if d.is_dir())]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env, start_new_session=True)
+    try:
+        proc.wait(timeout=timeout_s)  # a file it cannot compile is the guest's to report, not this step's
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def boot(guest_argv: list[str], rwdirs: list[Path], deadline_s: float = BOOT_DEADLINE_S) -> GuestRun:
     """Run ``guest_argv`` as root in a fresh guest; the guest's console output comes back as text."""
     vng, image = check_tools()
+    precompile()
     # vng --exec takes one string for the guest's shell: built here only from our own paths, each quoted.
     argv = [str(vng), "--disable-kvm", "--run", str(image), "--user", "root", "--cpus", "2", "--memory", "2G"]
     for d in rwdirs:
@@ -110,11 +155,37 @@ def _group_gone(pgid: int, deadline_s: float = 10.0) -> bool:
         time.sleep(0.05)  # polling a condition with a deadline, not synchronising on time
 
 
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def progress(outdir: Path) -> str:
+    """How far the guest runner got: calibration, the programs done, the one it was running."""
+    doc = _read(outdir / RUNNER_JSON)
+    if doc is None:
+        return "the guest runner never started (no runner.json: the boot itself or the first import hung)"
+    cal = doc.get("calibration") or {}
+    return (f"guest at {doc.get('elapsed_s')} s: {doc.get('now')}; done: {', '.join(doc.get('done', [])) or 'none'}; "
+            f"speed factor {cal.get('factor', 'not yet measured')}")
+
+
 def probe(outdir: Path) -> tuple[GuestRun, dict | None]:
-    """Boot once and run tests/kernel/guest_probe.py; its result.json, or None if it wrote none."""
-    run = boot([sys.executable, "-m", "tests.kernel.guest_probe", str(outdir)], [outdir])
-    result = outdir / "result.json"
-    return run, (json.loads(result.read_text()) if result.exists() else None)
+    """Boot once and run every program of GUEST_PROGRAMS (tests/kernel/guest_main.py); the merged result:
+    the probe's result.json, each other program's JSON under its name (None if it wrote none), the runner's
+    ``programs`` (rc, seconds, output tail) and ``calibration``. None if the probe wrote nothing."""
+    run = boot([sys.executable, "-m", "tests.kernel.guest_main", str(outdir)], [outdir])
+    result = _read(outdir / GUEST_PROGRAMS[0].result)
+    if result is None:
+        return run, None
+    runner = _read(outdir / RUNNER_JSON) or {}
+    result["programs"], result["calibration"] = runner.get("programs", {}), runner.get("calibration")
+    for prog in GUEST_PROGRAMS[1:]:
+        result[prog.name] = _read(outdir / prog.result)
+        result["steps"][prog.name] = result["programs"].get(prog.name, {"rc": None, "stderr": "did not run"})
+    return run, result
 
 
 FIXTURES = {  # fixture file -> (probe step, what of it)
