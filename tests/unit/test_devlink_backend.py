@@ -177,8 +177,8 @@ tenants:
 def test_plan_nodes_from_tenants_with_bytes_per_second(tmp_path):
     p = planned(tmp_path)
     assert p.nodes == (
-        o.TenantNode("a", PF, "shpd_a", 1_250_000, 12_500_000, (o.Vf(PF, 0, "mlx5_2"),)),
-        o.TenantNode("b", PF, "shpd_b", 125_000_000, 0, (o.Vf(PF, 1, "mlx5_3"),)),
+        o.TenantNode("a", PF, "shpd_a", 1_250_000, 12_500_000, (o.Vf(PF, 0, "mlx5_2", "ens1f0"),)),
+        o.TenantNode("b", PF, "shpd_b", 125_000_000, 0, (o.Vf(PF, 1, "mlx5_3", "ens1f0"),)),
     )  # c holds a dedicated HCA (not a VF): no rate group
     assert p.instances == (PF,)
 
@@ -423,3 +423,34 @@ def test_through_the_engine_the_second_apply_sends_no_write(tmp_path):
     assert len(fake.writes) == 4
     second = rec.apply(cfg)
     assert second.changes == 0 and len(fake.writes) == 4 and second.ok
+
+
+def _one_vf_plan(pf_netdev="ens1f1"):
+    return o.DevlinkPlan((o.TenantNode("a", PF, "shpd_a", 125_000, 0, (o.Vf(PF, 0, "mlx5_9", pf_netdev),)),))
+
+
+def test_a_vfs_port_is_found_by_its_pfs_pfnum_and_its_vfnum_not_by_index():
+    # One devlink device with the VFs of two PFs (pfnum 0 and 1), each VF 0: the PF's own pcipf port says which.
+    ports = (o.Port(PF, 10, flavour=o.FLAVOUR_PCI_PF, pf=0, netdev="ens1f0"),
+             o.Port(PF, 11, flavour=o.FLAVOUR_PCI_PF, pf=1, netdev="ens1f1"),
+             o.Port(PF, 1, flavour=o.FLAVOUR_PCI_VF, pf=0, vf=0), o.Port(PF, 2, flavour=o.FLAVOUR_PCI_VF, pf=1, vf=0))
+    rates = (o.Rate(PF, port_index=1), o.Rate(PF, port_index=2))
+    (d,) = diff(_one_vf_plan(), o.DevlinkObserved(rates, ports))
+    assert [(op.port_index, op.parent) for op in d.ops if hasattr(op, "port_index")] == [(2, "shpd_a")]
+    # Without pcipf ports, two pfnums are ambiguous: said, and no leaf is guessed.
+    (d,) = diff(_one_vf_plan(), o.DevlinkObserved(rates, ports[2:]))
+    assert not any(hasattr(op, "port_index") for op in d.ops) and "not guessed" in d.blocked
+    # One pfnum only (mlx5's one PF per devlink device, netdevsim): that one.
+    (d,) = diff(_one_vf_plan(), o.DevlinkObserved(rates[1:], ports[3:]))
+    assert [(op.port_index, op.parent) for op in d.ops if hasattr(op, "port_index")] == [(2, "shpd_a")]
+
+
+def test_the_pfs_devlink_handle_is_its_bus_and_device_name(tmp_path):
+    node = Node(tmp_path).build()
+    pf = node.sys / "devices" / "pci0000:3a" / "0000:3b:00.0"
+    (node.sys / "bus" / "pci").mkdir(parents=True, exist_ok=True)
+    (pf / "subsystem").symlink_to("../../../bus/pci")
+    devs = {d.name: d for d in rdma.discover(Roots.of(sys=str(node.sys)))[0]}
+    assert devs["mlx5_2"].pf_devlink == "pci/0000:3b:00.0" and devs["mlx5_0"].pf_devlink is None
+    # No subsystem link (older fixture trees): the plan still names the PCI PF.
+    assert {n.instance for n in planned(tmp_path).nodes} == {PF}

@@ -2,7 +2,9 @@
 
 A tenant's VFs are the VFs among its RDMA devices (backends/rdma/plan.py:
 ``rdma.devices`` and the devices its pods hold), each named by its PF's
-devlink device (``pci/<pf>``) and its VF number there. Non-VF devices (a
+devlink handle (discovery: ``<bus>/<device>`` of the PF, ``pci/<pf>`` where
+unknown) and its VF number there; its devlink port is found by diff.py
+(flavour pcivf, the PF's pfnum, that vfnum). Non-VF devices (a
 dedicated HCA, a PF) are not leaves of anything: no rate group for them.
 
 tx_share = guarantee / 8 and tx_max = limit / 8 (bits/s to bytes/s, rounded
@@ -51,8 +53,8 @@ def plan(cfg: Config, inv: Inventory, ten: Tenancy) -> DevlinkPlan:
                 warnings.append(f"tenant {t.name}: VF {dev_name} ({dev.pci}) has no VF number under its PF "
                                 f"{dev.pf_pci}: not put into a devlink rate group")
                 continue
-            inst = f"pci/{dev.pf_pci}"
-            vfs.setdefault(inst, set()).add(Vf(inst, dev.vf_index, dev_name))
+            inst = dev.pf_devlink or f"pci/{dev.pf_pci}"
+            vfs.setdefault(inst, set()).add(Vf(inst, dev.vf_index, dev_name, dev.pf_netdev))
         if not vfs:
             continue
         n = len(vfs)
