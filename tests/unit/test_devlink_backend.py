@@ -118,6 +118,9 @@ class FakeDevlink:
             raise KernelError("set", f"parent of rate leaf {inst}/{port}", inst, "a node must exist before a leaf "
                               "is parented to it", errno.EINVAL)
         r = self.tree[(inst, port)]
+        if parent and r.parent:  # Linux 6.1 devlink_nl_rate_parent_node_set (seen in tests/kernel/test_netdevsim.py)
+            raise KernelError("set", f"parent of rate leaf {inst}/{port}", inst, "Device or resource busy (Rate "
+                              "object already has parent.)", errno.EBUSY)
         self.tree[(inst, port)] = nl.RateRow(inst, r.type, port_index=port, parent=parent or None)
 
     def del_node(self, inst, node):
@@ -279,9 +282,22 @@ def test_stale_shaperd_node_unparented_then_deleted_foreign_kept(tmp_path):
     fake = FakeDevlink(rates)
     b = DevlinkBackend(lambda: fake)
     reconcile(b, planned(tmp_path, CFG.split("  - name: b")[0]))  # only tenant a remains
-    assert fake.writes == [("new", PF, "shpd_a", 1_250_000, 12_500_000), ("parent", PF, 1, "shpd_a"),
-                           ("parent", PF, 2, ""), ("del", PF, "shpd_gone")]
+    # leaf 1 goes off shpd_gone before it goes under shpd_a: the kernel refuses a second parent (EBUSY)
+    assert fake.writes == [("new", PF, "shpd_a", 1_250_000, 12_500_000), ("parent", PF, 1, ""),
+                           ("parent", PF, 1, "shpd_a"), ("parent", PF, 2, ""), ("del", PF, "shpd_gone")]
     assert (PF, "keepme") in fake.tree and (PF, "shpd_gone") not in fake.tree
+
+
+def test_a_leaf_moves_between_shaperd_nodes_off_the_old_one_first(tmp_path):
+    fake = FakeDevlink()
+    b = DevlinkBackend(lambda: fake)
+    reconcile(b, planned(tmp_path))
+    fake.writes.clear()
+    moved = CFG.replace('rdma: {devices: ["mlx5_3"]}', 'rdma: {devices: ["mlx5_9"]}').replace(
+        'rdma: {devices: ["0000:3b:00.2"]}', 'rdma: {devices: ["0000:3b:00.2", "mlx5_3"]}')
+    diffs = reconcile(b, planned(tmp_path, moved))  # VF 1 (port 2) goes from b to a; b has no VF left
+    assert fake.writes == [("parent", PF, 2, ""), ("parent", PF, 2, "shpd_a"), ("del", PF, "shpd_b")], diffs
+    assert fake.tree[(PF, 2)].parent == "shpd_a"
 
 
 def test_teardown_removes_only_shaperds(tmp_path):

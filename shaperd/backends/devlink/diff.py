@@ -1,7 +1,8 @@
 """Diff the wanted rate nodes against the rate objects found, pure: per devlink device, the writes in order.
 
 Order: create missing nodes, set the share/max that differ, parent the
-tenants' leaves, un-parent leaves left under a shaperd node that no longer
+tenants' leaves (a leaf under another shaperd node is un-parented first: the
+kernel refuses a second parent with EBUSY), un-parent leaves left under a shaperd node that no longer
 wants them, then delete stale shaperd nodes (a node must exist before a leaf
 is parented to it; a node's leaves are un-parented before it is deleted).
 
@@ -89,6 +90,11 @@ def diff_instance(instance: str, want: list[TenantNode], rates: list[Rate], port
                 notes.append(f"leaf {instance}/{port.index} (VF {vf.vf}, tenant {n.tenant}) is under node "
                              f"{leaf.parent}, not shaperd's: left there")
                 continue
+            if leaf.parent:
+                # The core refuses a new parent while one is set ("Rate object already has parent", EBUSY):
+                # off the other shaperd node first.
+                out.ops.append(SetLeafParent(device=instance, ifindex=0, tenant=n.tenant, port_index=port.index,
+                                             parent="", reason=f"under {leaf.parent}: un-parented before the move"))
             out.ops.append(SetLeafParent(device=instance, ifindex=0, tenant=n.tenant, port_index=port.index,
                                          parent=n.node, reason=f"was under {leaf.parent or 'no node'}"))
     for idx in sorted(leaves):
