@@ -98,15 +98,23 @@ class FakeDevlink:
         if key in self.fail:
             raise self.fail[key]
 
+    def _units(self, *rates):
+        # netdevsim and mlx5 take whole Mbit/s only (seen in tests/kernel/test_netdevsim.py)
+        if any(r is not None and r % 125_000 for r in rates):
+            raise KernelError("set", "rate", PF, "Invalid argument (TX rate value not in link speed units of "
+                              "1Mbps.)", errno.EINVAL)
+
     def new_node(self, inst, node, share, mx):
         self.writes.append(("new", inst, node, share, mx))
         self._maybe_fail(("new", node))
+        self._units(share, mx)
         assert (inst, node) not in self.tree
         self.tree[(inst, node)] = nl.RateRow(inst, nl.RATE_TYPE_NODE, node=node, tx_share_Bps=share or 0,
                                               tx_max_Bps=0 if self.ignore_max else (mx or 0))
 
     def set_node(self, inst, node, share, mx):
         self.writes.append(("set", inst, node, share, mx))
+        self._units(share, mx)
         r = self.tree[(inst, node)]
         self.tree[(inst, node)] = nl.RateRow(inst, r.type, node=node, parent=r.parent,
                                               tx_share_Bps=r.tx_share_Bps if share is None else share,
@@ -298,6 +306,17 @@ def test_a_leaf_moves_between_shaperd_nodes_off_the_old_one_first(tmp_path):
     diffs = reconcile(b, planned(tmp_path, moved))  # VF 1 (port 2) goes from b to a; b has no VF left
     assert fake.writes == [("parent", PF, 2, ""), ("parent", PF, 2, "shpd_a"), ("del", PF, "shpd_b")], diffs
     assert fake.tree[(PF, 2)].parent == "shpd_a"
+
+
+def test_rates_are_whole_mbit_per_second_rounded_down(tmp_path):
+    odd = CFG.replace("10Mbps", "10500Kbps").replace("100Mbps", "100500Kbps")
+    (a, _b) = planned(tmp_path, odd).nodes
+    assert (a.tx_share_Bps, a.tx_max_Bps) == (1_250_000, 12_500_000)
+    tiny = planned(tmp_path, CFG.replace("10Mbps", "100Kbps").replace("100Mbps", "200Kbps")).nodes[0]
+    assert (tiny.tx_share_Bps, tiny.tx_max_Bps) == (0, 125_000)  # a limit stays a limit (0 is unlimited)
+    fake = FakeDevlink()
+    reconcile(DevlinkBackend(lambda: fake), planned(tmp_path, odd))
+    assert ("new", PF, "shpd_a", 1_250_000, 12_500_000) in fake.writes
 
 
 def test_teardown_removes_only_shaperds(tmp_path):
