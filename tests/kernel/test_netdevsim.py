@@ -171,10 +171,11 @@ def test_restart_adopts_shaperds_nodes_and_leaves_the_foreign_one(nsim):
 
 def test_vf_rates_on_a_switchdev_pf_are_refused_once_not_in_a_loop(nsim):
     # netdevsim (like mlx5) takes VF rates only through devlink in switchdev mode: IFLA_VF_RATE is EOPNOTSUPP
-    first = writes(step(nsim, "sw_apply"), "vfrate")
-    assert first, "the vfrate backend tried its write once"
-    fails = [f for t in targets(step(nsim, "sw_apply"), "vfrate") for f in t["failed"]]
-    assert fails and all(f["errno"] == errno.EOPNOTSUPP for f in fails)
+    s = step(nsim, "sw_apply")
+    # VF 0 with its minimum, then limit only (both EOPNOTSUPP); VF 1 is not sent: the PF is recorded as refusing
+    assert [w[2:] for w in writes(s, "vfrate")] == [[0, 80, 800], [0, 0, 800]]
+    fails = [f for t in targets(s, "vfrate") for f in t["failed"]]
+    assert fails[0]["errno"] == errno.EOPNOTSUPP and len(fails) == 2 and "not sent" in fails[1]["error"]
     assert writes(step(nsim, "sw_resync"), "vfrate") == []  # recorded as refused: not re-sent
 
 
