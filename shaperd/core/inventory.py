@@ -155,6 +155,8 @@ class RdmaDevice:
     vf_index: int | None = None  # N of the PF's virtfnN link: `ip link set dev PF vf N` and devlink's vfnum
     pf_netdev: str | None = None  # the PF's netdev, which takes the VF's rates
     pf_driver: str | None = None  # the PF's driver (mlx5_core, ice, i40e, ixgbe): what it refuses differs
+    # The PF's devlink handle, <bus>/<device> from the PF's subsystem link ("pci/0000:3b:00.0"); None: unknown.
+    pf_devlink: str | None = None
     parent: str | None = None  # software devices (rxe): the netdev they sit on
     ports: tuple[RdmaPort, ...] = ()
 

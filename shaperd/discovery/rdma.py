@@ -85,6 +85,17 @@ def sriov_place(dev_dir: Path) -> tuple[int | None, str | None, str | None]:
     return index, netdev, driver
 
 
+def pf_devlink(dev_dir: Path) -> str | None:
+    """A VF's PF's devlink handle as devlink names it: ``<bus>/<device>``, the bus from the PF's ``subsystem``
+    link (``pci/0000:3b:00.0`` on a PCI NIC; netdevsim's ``netdevsim/netdevsim10``); None if unreadable."""
+    try:
+        pf_dir = Path(os.path.realpath(dev_dir / "device" / "physfn"))
+        sub = pf_dir / "subsystem"
+        return f"{Path(os.path.realpath(sub)).name}/{pf_dir.name}" if sub.exists() else None
+    except OSError:
+        return None
+
+
 def _gids(port_dir: Path, notes: list[str], ref: str) -> tuple[Gid, ...]:
     out = []
     gids_dir = port_dir / "gids"
@@ -143,7 +154,7 @@ def read_device(dev_dir: Path, notes: list[str]) -> RdmaDevice:
         name=name, node_type=_read(dev_dir / "node_type") or "", node_guid=_read(dev_dir / "node_guid") or "",
         fw_ver=_read(dev_dir / "fw_ver") or "", pci=pci, is_vf=is_vf, pf_pci=pf, sriov_numvfs=numvfs,
         parent=_read(dev_dir / "parent"), ports=tuple(ports), vf_index=vf_index, pf_netdev=pf_netdev,
-        pf_driver=pf_driver,
+        pf_driver=pf_driver, pf_devlink=pf_devlink(dev_dir) if is_vf else None,
     )
 
 

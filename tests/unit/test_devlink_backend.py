@@ -98,15 +98,23 @@ class FakeDevlink:
         if key in self.fail:
             raise self.fail[key]
 
+    def _units(self, *rates):
+        # netdevsim and mlx5 take whole Mbit/s only (seen in tests/kernel/test_netdevsim.py)
+        if any(r is not None and r % 125_000 for r in rates):
+            raise KernelError("set", "rate", PF, "Invalid argument (TX rate value not in link speed units of "
+                              "1Mbps.)", errno.EINVAL)
+
     def new_node(self, inst, node, share, mx):
         self.writes.append(("new", inst, node, share, mx))
         self._maybe_fail(("new", node))
+        self._units(share, mx)
         assert (inst, node) not in self.tree
         self.tree[(inst, node)] = nl.RateRow(inst, nl.RATE_TYPE_NODE, node=node, tx_share_Bps=share or 0,
                                               tx_max_Bps=0 if self.ignore_max else (mx or 0))
 
     def set_node(self, inst, node, share, mx):
         self.writes.append(("set", inst, node, share, mx))
+        self._units(share, mx)
         r = self.tree[(inst, node)]
         self.tree[(inst, node)] = nl.RateRow(inst, r.type, node=node, parent=r.parent,
                                               tx_share_Bps=r.tx_share_Bps if share is None else share,
@@ -118,6 +126,9 @@ class FakeDevlink:
             raise KernelError("set", f"parent of rate leaf {inst}/{port}", inst, "a node must exist before a leaf "
                               "is parented to it", errno.EINVAL)
         r = self.tree[(inst, port)]
+        if parent and r.parent:  # Linux 6.1 devlink_nl_rate_parent_node_set (seen in tests/kernel/test_netdevsim.py)
+            raise KernelError("set", f"parent of rate leaf {inst}/{port}", inst, "Device or resource busy (Rate "
+                              "object already has parent.)", errno.EBUSY)
         self.tree[(inst, port)] = nl.RateRow(inst, r.type, port_index=port, parent=parent or None)
 
     def del_node(self, inst, node):
@@ -177,8 +188,8 @@ tenants:
 def test_plan_nodes_from_tenants_with_bytes_per_second(tmp_path):
     p = planned(tmp_path)
     assert p.nodes == (
-        o.TenantNode("a", PF, "shpd_a", 1_250_000, 12_500_000, (o.Vf(PF, 0, "mlx5_2"),)),
-        o.TenantNode("b", PF, "shpd_b", 125_000_000, 0, (o.Vf(PF, 1, "mlx5_3"),)),
+        o.TenantNode("a", PF, "shpd_a", 1_250_000, 12_500_000, (o.Vf(PF, 0, "mlx5_2", "ens1f0"),)),
+        o.TenantNode("b", PF, "shpd_b", 125_000_000, 0, (o.Vf(PF, 1, "mlx5_3", "ens1f0"),)),
     )  # c holds a dedicated HCA (not a VF): no rate group
     assert p.instances == (PF,)
 
@@ -279,9 +290,33 @@ def test_stale_shaperd_node_unparented_then_deleted_foreign_kept(tmp_path):
     fake = FakeDevlink(rates)
     b = DevlinkBackend(lambda: fake)
     reconcile(b, planned(tmp_path, CFG.split("  - name: b")[0]))  # only tenant a remains
-    assert fake.writes == [("new", PF, "shpd_a", 1_250_000, 12_500_000), ("parent", PF, 1, "shpd_a"),
-                           ("parent", PF, 2, ""), ("del", PF, "shpd_gone")]
+    # leaf 1 goes off shpd_gone before it goes under shpd_a: the kernel refuses a second parent (EBUSY)
+    assert fake.writes == [("new", PF, "shpd_a", 1_250_000, 12_500_000), ("parent", PF, 1, ""),
+                           ("parent", PF, 1, "shpd_a"), ("parent", PF, 2, ""), ("del", PF, "shpd_gone")]
     assert (PF, "keepme") in fake.tree and (PF, "shpd_gone") not in fake.tree
+
+
+def test_a_leaf_moves_between_shaperd_nodes_off_the_old_one_first(tmp_path):
+    fake = FakeDevlink()
+    b = DevlinkBackend(lambda: fake)
+    reconcile(b, planned(tmp_path))
+    fake.writes.clear()
+    moved = CFG.replace('rdma: {devices: ["mlx5_3"]}', 'rdma: {devices: ["mlx5_9"]}').replace(
+        'rdma: {devices: ["0000:3b:00.2"]}', 'rdma: {devices: ["0000:3b:00.2", "mlx5_3"]}')
+    diffs = reconcile(b, planned(tmp_path, moved))  # VF 1 (port 2) goes from b to a; b has no VF left
+    assert fake.writes == [("parent", PF, 2, ""), ("parent", PF, 2, "shpd_a"), ("del", PF, "shpd_b")], diffs
+    assert fake.tree[(PF, 2)].parent == "shpd_a"
+
+
+def test_rates_are_whole_mbit_per_second_rounded_down(tmp_path):
+    odd = CFG.replace("10Mbps", "10500Kbps").replace("100Mbps", "100500Kbps")
+    (a, _b) = planned(tmp_path, odd).nodes
+    assert (a.tx_share_Bps, a.tx_max_Bps) == (1_250_000, 12_500_000)
+    tiny = planned(tmp_path, CFG.replace("10Mbps", "100Kbps").replace("100Mbps", "200Kbps")).nodes[0]
+    assert (tiny.tx_share_Bps, tiny.tx_max_Bps) == (0, 125_000)  # a limit stays a limit (0 is unlimited)
+    fake = FakeDevlink()
+    reconcile(DevlinkBackend(lambda: fake), planned(tmp_path, odd))
+    assert ("new", PF, "shpd_a", 1_250_000, 12_500_000) in fake.writes
 
 
 def test_teardown_removes_only_shaperds(tmp_path):
@@ -423,3 +458,34 @@ def test_through_the_engine_the_second_apply_sends_no_write(tmp_path):
     assert len(fake.writes) == 4
     second = rec.apply(cfg)
     assert second.changes == 0 and len(fake.writes) == 4 and second.ok
+
+
+def _one_vf_plan(pf_netdev="ens1f1"):
+    return o.DevlinkPlan((o.TenantNode("a", PF, "shpd_a", 125_000, 0, (o.Vf(PF, 0, "mlx5_9", pf_netdev),)),))
+
+
+def test_a_vfs_port_is_found_by_its_pfs_pfnum_and_its_vfnum_not_by_index():
+    # One devlink device with the VFs of two PFs (pfnum 0 and 1), each VF 0: the PF's own pcipf port says which.
+    ports = (o.Port(PF, 10, flavour=o.FLAVOUR_PCI_PF, pf=0, netdev="ens1f0"),
+             o.Port(PF, 11, flavour=o.FLAVOUR_PCI_PF, pf=1, netdev="ens1f1"),
+             o.Port(PF, 1, flavour=o.FLAVOUR_PCI_VF, pf=0, vf=0), o.Port(PF, 2, flavour=o.FLAVOUR_PCI_VF, pf=1, vf=0))
+    rates = (o.Rate(PF, port_index=1), o.Rate(PF, port_index=2))
+    (d,) = diff(_one_vf_plan(), o.DevlinkObserved(rates, ports))
+    assert [(op.port_index, op.parent) for op in d.ops if hasattr(op, "port_index")] == [(2, "shpd_a")]
+    # Without pcipf ports, two pfnums are ambiguous: said, and no leaf is guessed.
+    (d,) = diff(_one_vf_plan(), o.DevlinkObserved(rates, ports[2:]))
+    assert not any(hasattr(op, "port_index") for op in d.ops) and "not guessed" in d.blocked
+    # One pfnum only (mlx5's one PF per devlink device, netdevsim): that one.
+    (d,) = diff(_one_vf_plan(), o.DevlinkObserved(rates[1:], ports[3:]))
+    assert [(op.port_index, op.parent) for op in d.ops if hasattr(op, "port_index")] == [(2, "shpd_a")]
+
+
+def test_the_pfs_devlink_handle_is_its_bus_and_device_name(tmp_path):
+    node = Node(tmp_path).build()
+    pf = node.sys / "devices" / "pci0000:3a" / "0000:3b:00.0"
+    (node.sys / "bus" / "pci").mkdir(parents=True, exist_ok=True)
+    (pf / "subsystem").symlink_to("../../../bus/pci")
+    devs = {d.name: d for d in rdma.discover(Roots.of(sys=str(node.sys)))[0]}
+    assert devs["mlx5_2"].pf_devlink == "pci/0000:3b:00.0" and devs["mlx5_0"].pf_devlink is None
+    # No subsystem link (older fixture trees): the plan still names the PCI PF.
+    assert {n.instance for n in planned(tmp_path).nodes} == {PF}

@@ -54,7 +54,7 @@ def _rate(r: nl.RateRow) -> Rate:
 
 
 def _port(p: nl.PortRow) -> Port:
-    return Port(p.instance, p.index, flavour=p.flavour, vf=p.vf, controller=p.controller)
+    return Port(p.instance, p.index, flavour=p.flavour, vf=p.vf, controller=p.controller, pf=p.pf, netdev=p.netdev)
 
 
 class DevlinkBackend:

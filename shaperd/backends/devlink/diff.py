@@ -1,7 +1,8 @@
 """Diff the wanted rate nodes against the rate objects found, pure: per devlink device, the writes in order.
 
 Order: create missing nodes, set the share/max that differ, parent the
-tenants' leaves, un-parent leaves left under a shaperd node that no longer
+tenants' leaves (a leaf under another shaperd node is un-parented first: the
+kernel refuses a second parent with EBUSY), un-parent leaves left under a shaperd node that no longer
 wants them, then delete stale shaperd nodes (a node must exist before a leaf
 is parented to it; a node's leaves are un-parented before it is deleted).
 
@@ -16,13 +17,35 @@ in-sync device gives no operation.
 from __future__ import annotations
 
 from shaperd.core.protocol import TargetDiff
-from shaperd.backends.devlink.objects import FLAVOUR_PCI_VF, DevlinkObserved, DevlinkPlan, Port, Rate, TenantNode, owned
+from shaperd.backends.devlink.objects import (FLAVOUR_PCI_PF, FLAVOUR_PCI_VF, DevlinkObserved, DevlinkPlan, Port, Rate,
+                                              TenantNode, Vf, owned)
 from shaperd.backends.devlink.ops import CreateRateNode, DeleteRateNode, SetLeafParent, SetRateNode
 
 
-def _vf_ports(ports: list[Port]) -> dict[int, Port]:
-    """VF number -> its port, for the local host's VFs (controller 0 or unset)."""
-    return {p.vf: p for p in ports if p.flavour == FLAVOUR_PCI_VF and p.vf is not None and not p.controller}
+def _vf_ports(ports: list[Port]) -> dict[tuple[int | None, int], Port]:
+    """(pfnum, vfnum) -> its port, for the local host's VFs (controller 0 or unset)."""
+    return {(p.pf, p.vf): p for p in ports if p.flavour == FLAVOUR_PCI_VF and p.vf is not None and not p.controller}
+
+
+def _vf_port(vf: Vf, ports: list[Port], vf_port: dict) -> tuple[Port | None, str]:
+    """A VF's devlink port as a real NIC names it: on its PF's devlink device, flavour pcivf with the PF's
+    pfnum and the VF's vfnum. The PF's pfnum is its own pcipf port's (by the PF's netdev); where the PF
+    has none (mlx5's uplink is flavour physical, netdevsim's too), the one pfnum the device's local VF
+    ports carry. Several and none of them the PF's: the VF is not guessed (the reason comes back)."""
+    own = [p.pf for p in ports if p.flavour == FLAVOUR_PCI_PF and not p.controller and p.netdev
+           and p.netdev == vf.pf_netdev]
+    pfnums = sorted({pf for pf, _ in vf_port}, key=lambda x: -1 if x is None else x)
+    if own:
+        pf = own[0]
+    elif len(pfnums) == 1:
+        pf = pfnums[0]
+    elif not pfnums:
+        return None, f"{vf.instance} has no VF ports"
+    else:
+        return None, (f"{vf.instance} has VF ports of PFs {', '.join(map(str, pfnums))} and no pcipf port of "
+                      f"{vf.pf_netdev or 'its PF'}: which is VF {vf.vf}'s is not guessed")
+    port = vf_port.get((pf, vf.vf))
+    return port, "" if port is not None else f"no port of flavour pcivf pfnum {pf} vfnum {vf.vf}"
 
 
 def diff_instance(instance: str, want: list[TenantNode], rates: list[Rate], ports: list[Port]) -> TargetDiff:
@@ -52,9 +75,9 @@ def diff_instance(instance: str, want: list[TenantNode], rates: list[Rate], port
     placed: dict[int, str] = {}  # port index -> the shaperd node it belongs under
     for n in want:
         for vf in n.vfs:
-            port = vf_port.get(vf.vf)
+            port, why = _vf_port(vf, ports, vf_port)
             if port is None:
-                notes.append(f"VF {vf.vf} ({vf.device}) of tenant {n.tenant} has no devlink port on {instance}")
+                notes.append(f"VF {vf.vf} ({vf.device}) of tenant {n.tenant} has no devlink port on {instance}: {why}")
                 continue
             leaf = leaves.get(port.index)
             if leaf is None:
@@ -67,6 +90,11 @@ def diff_instance(instance: str, want: list[TenantNode], rates: list[Rate], port
                 notes.append(f"leaf {instance}/{port.index} (VF {vf.vf}, tenant {n.tenant}) is under node "
                              f"{leaf.parent}, not shaperd's: left there")
                 continue
+            if leaf.parent:
+                # The core refuses a new parent while one is set ("Rate object already has parent", EBUSY):
+                # off the other shaperd node first.
+                out.ops.append(SetLeafParent(device=instance, ifindex=0, tenant=n.tenant, port_index=port.index,
+                                             parent="", reason=f"under {leaf.parent}: un-parented before the move"))
             out.ops.append(SetLeafParent(device=instance, ifindex=0, tenant=n.tenant, port_index=port.index,
                                          parent=n.node, reason=f"was under {leaf.parent or 'no node'}"))
     for idx in sorted(leaves):

@@ -24,7 +24,7 @@ NAME_MAX_CHARS = 32
 HASH_CHARS = 8
 _SAFE = re.compile(r"^[A-Za-z0-9._-]+$")
 # devlink_port_flavour: what a devlink port is a function of
-FLAVOUR_PCI_VF = 4
+FLAVOUR_PCI_PF, FLAVOUR_PCI_VF = 3, 4
 
 
 def node_name(tenant: str) -> str:
@@ -47,6 +47,7 @@ class Vf:
     instance: str  # "pci/0000:3b:00.0"
     vf: int
     device: str  # the RDMA device it came from, for messages
+    pf_netdev: str | None = None  # the PF's netdev: finds the PF's own devlink port (its pfnum), where it has one
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class Port:
     flavour: int | None = None
     vf: int | None = None
     controller: int | None = None
+    pf: int | None = None  # pfnum (flavours pcipf, pcivf, pcisf)
+    netdev: str | None = None
 
 
 @dataclass(frozen=True)
