@@ -10,7 +10,7 @@ and vfrate backends through the scenarios of tests/kernel/test_netdevsim.py.
 Every write either backend sends is counted (the devlink socket and the VF
 rate kernel side are wrapped); iproute2's ``devlink -j port function rate
 show`` and ``ip -j link show`` read what the kernel holds, independently.
-Writes one OUTDIR/result.json; it asserts nothing. A step that raises is
+Writes one OUTDIR/netdevsim.json; it asserts nothing. A step that raises is
 recorded as data, so one broken step does not hide the others.
 
 netdevsim (6.1) takes VF rates over IFLA_VF_RATE only in legacy mode
@@ -203,8 +203,8 @@ def main(argv: list[str]) -> int:
         res["steps"][name]["seconds"] = round(time.monotonic() - t0, 2)
         res["seconds"] = round(time.monotonic() - started, 1)
         # Written after every step: a guest killed at its deadline still says how far it got.
-        (out / "result.json.tmp").write_text(json.dumps(res, indent=1, default=str) + "\n")
-        os.replace(out / "result.json.tmp", out / "result.json")
+        (out / "netdevsim.json.tmp").write_text(json.dumps(res, indent=1, default=str) + "\n")
+        os.replace(out / "netdevsim.json.tmp", out / "netdevsim.json")
         print(f"netdevsim_guest: {name} {'ok' if res['steps'][name]['ok'] else 'FAILED'} "
               f"{res['steps'][name]['seconds']} s", file=sys.stderr, flush=True)
 
@@ -323,7 +323,7 @@ def main(argv: list[str]) -> int:
     step("dmesg", lambda: sh("dmesg", check=False)["stdout"][-4000:])
     res["done"] = True
     res["seconds"] = round(time.monotonic() - started, 1)
-    (out / "result.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    (out / "netdevsim.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     return 0
 
 

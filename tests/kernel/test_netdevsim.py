@@ -1,7 +1,7 @@
 """The devlink and vfrate backends against a real kernel's devlink core: netdevsim in the QEMU guest.
 
-One boot for this module (its own session fixture, until tests/kernel/
-boots every guest program once): tests/kernel/netdevsim_guest.py drives a
+The tier's one boot (tests/kernel/vm.py GUEST_PROGRAMS) runs
+tests/kernel/netdevsim_guest.py, which drives a
 Reconciler with the two backends on a fixture sysfs view whose VFs are
 netdevsim's, counts every write, and records what iproute2's ``devlink``
 and ``ip`` read back. The tests here compare. Needs root and the
@@ -11,10 +11,6 @@ netdevsim.ko scripts/setup builds; as root, a missing module is a failure.
 from __future__ import annotations
 
 import errno
-import json
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -23,39 +19,28 @@ from . import vm
 pytestmark = pytest.mark.kernel
 
 DEVLINK = "netdevsim/netdevsim10"
-# The guest runs ~30 reconciles and iproute2 reads under TCG; on a loaded 2-core host one step took over a
-# minute (the first boot here was killed at vm.py's 540 s). Generous: a deadline, not a measurement.
-GUEST_DEADLINE_S = 1800.0
 MBIT = 125_000  # B/s
 
 
 @pytest.fixture(scope="session")
-def nsim(tmp_path_factory) -> dict:
-    if os.geteuid() != 0:
-        pytest.skip("the netdevsim tier loads a module in the guest: run the tests as root")
-    try:
-        _, image = vm.check_tools()
-    except vm.VmUnavailable as e:
-        pytest.fail(f"QEMU tier cannot run: {e}", pytrace=False)
+def nsim(guest) -> dict:
+    """The netdevsim program's result from the tier's one boot (tests/kernel/conftest.py ``guest``)."""
+    _, image = vm.check_tools()
     rel = image.name.removeprefix("vmlinuz-")
     ko = vm.ROOT / ".cache" / "netdevsim" / rel / "netdevsim.ko"
     if not ko.exists():
         pytest.fail(f"{ko} missing: run scripts/setup as root (it builds netdevsim for {rel})", pytrace=False)
-    out = tmp_path_factory.mktemp("nsim-guest")
-    run = vm.boot([sys.executable, "-m", "tests.kernel.netdevsim_guest", str(out)], [out],
-                  deadline_s=GUEST_DEADLINE_S)
-    print(f"\nnetdevsim guest: kernel {run.kernel}, rc {run.rc}, {run.seconds:.0f} s")
-    f = out / "result.json"
-    if not f.exists():
-        pytest.fail(f"the guest wrote no result (rc {run.rc} after {run.seconds:.0f} s). Its console:\n"
-                    f"{run.output[-4000:]}", pytrace=False)
-    res = json.loads(f.read_text())
+    res = guest.result.get("netdevsim")
+    prog = guest.result.get("programs", {}).get("netdevsim", {})
+    if res is None:
+        pytest.fail(f"the netdevsim guest program wrote no result (its run: rc {prog.get('rc')}, "
+                    f"{prog.get('seconds')} s). Its stderr:\n{str(prog.get('stderr', ''))[-4000:]}", pytrace=False)
     print("netdevsim guest steps (s): " + ", ".join(f"{k} {v['seconds']}" for k, v in res["steps"].items()))
     if not res.get("done"):
-        pytest.fail(f"the guest stopped after step {list(res['steps'])[-1]} (rc {run.rc}, {run.seconds:.0f} s). "
-                    f"Its console:\n{run.output[-4000:]}", pytrace=False)
-    res["boot_seconds"] = run.seconds
-    res["group_gone"] = run.group_gone
+        pytest.fail(f"the netdevsim guest program stopped after step {list(res['steps'])[-1]} (rc {prog.get('rc')}, "
+                    f"{prog.get('seconds')} s). Its stderr:\n{str(prog.get('stderr', ''))[-4000:]}", pytrace=False)
+    res["boot_seconds"] = guest.run.seconds
+    res["group_gone"] = guest.run.group_gone
     return res
 
 
