@@ -19,7 +19,7 @@ Log lines (core/log.py) go to stderr from the daemons, ``run`` and
 only when asked for with ``--log-json`` or ``--log-level``. The root's options
 are accepted after the subcommand as well (``global_options``); there the later
 value wins. Under ``-o json|yaml`` a failure is also one object on stdout
-(cli/errout.py). Otherwise a
+(cli/errout.py), argparse's usage errors included. Otherwise a
 command says what happened in its output and its problems as plain
 ``shaperd: ...`` lines on stderr (core/exitcodes.err), nothing else.
 """
@@ -31,7 +31,7 @@ import sys
 
 from shaperd.cli import config, demo, meta, rdma, reconcile, run, status, webhook
 from shaperd.core import log
-from shaperd.cli.errout import UsageError, fail_from
+from shaperd.cli.errout import Parser, UsageError, fail_from
 from shaperd.core.errors import ConfigError, ShaperdError
 from shaperd.core.exitcodes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
@@ -65,7 +65,9 @@ def _subparsers(p: argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="shaperd", description=__doc__.splitlines()[0])
+    # Parser: a usage error under -o json|yaml is also the error object on stdout (cli/errout.py). Subparsers
+    # are made of the same class (argparse's add_subparsers default), so theirs are too.
+    ap = Parser(prog="shaperd", description=__doc__.splitlines()[0])
     global_options(ap, root=True)
     ap.set_defaults(root_parser=ap)  # for `completion`, which prints a script made from this parser
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -57,6 +57,10 @@ class Capabilities:
     # The bpffs the edt stampers are pinned under (the probe loaded one and got it back there), independent of
     # the map classifier's verdict; "" where the stampers' maps are found by id (CAP_SYS_ADMIN) or not at all.
     edt_pin_root: str = ""
+    # Why bpf() is refused, where the probe could tell the cause (kernel/probe.py): "bpf_refused_by_seccomp" (a
+    # seccomp filter, e.g. the container runtime's RuntimeDefault profile, refuses it although the process holds
+    # CAP_BPF or CAP_SYS_ADMIN); "" where bpf() works or the cause is not known. The node is then degraded.
+    bpf_refused: str = ""
 
     def kind(self, module: str) -> tuple[str, str] | None:
         """(state, evidence) of ``module`` ("sch_fq") where the probe read evidence instead of testing."""

@@ -17,11 +17,19 @@ left by older versions are swept at start when their PID is dead.)
 tests in the same throwaway namespace, but nothing outside it is written:
 no sweep of older versions' namespaces, and bpffs pins are checked
 (bpf_pins.pinnable) instead of made and removed again.
+
+Where bpf() fails, the probe also says why when it can tell (``Capabilities.bpf_refused``):
+``bpf_refused_by_seccomp`` when the load fails with EPERM although the process holds CAP_BPF or
+CAP_SYS_ADMIN, a bpf() command no kernel has fails with EPERM too (the kernel itself would answer
+EINVAL: the call never reached it), and /proc/self/status says ``Seccomp: 2`` (a filter is
+installed). In a pod that filter is the container runtime's RuntimeDefault profile; under systemd,
+the unit's SystemCallFilter=. ``classify_bpf_refusal`` is that decision, pure.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import threading
 from dataclasses import dataclass
@@ -74,6 +82,81 @@ LEGACY_PREFIX = "shaperd-probe-"
 PROBE_TIMEOUT_S = 30.0
 _libc = ctypes.CDLL(None, use_errno=True)
 
+# Capabilities.bpf_refused's reason: a seccomp filter refuses bpf() although the process may call it.
+BPF_REFUSED_BY_SECCOMP = "bpf_refused_by_seccomp"
+_CAP_SYS_ADMIN, _CAP_BPF = 21, 39  # capability bit numbers (linux/capability.h)
+_SECCOMP_MODE_FILTER = "2"  # /proc/PID/status "Seccomp:" (0 off, 1 strict, 2 filter)
+_BPF_NO_SUCH_CMD = 0x7FFF  # a bpf() command no kernel has: the kernel answers EINVAL, a seccomp filter EPERM
+_SECCOMP_NOTE = ("bpf() refused by a seccomp filter although CAP_BPF or CAP_SYS_ADMIN is held "
+                 f"({BPF_REFUSED_BY_SECCOMP})")
+
+
+def classify_bpf_refusal(load_errno: int, bare_errno: int, status_text: str) -> str:
+    """Why bpf() is refused, pure: ``BPF_REFUSED_BY_SECCOMP`` or "" (not refused, or not by seccomp).
+
+    ``load_errno``: the errno of loading a do-nothing SCHED_CLS program; ``bare_errno``: of a bpf() command no
+    kernel has (the kernel answers EINVAL to a capable caller, so EPERM there was said before the kernel saw the
+    call); ``status_text``: /proc/self/status (CapEff, Seccomp)."""
+    if load_errno != errno.EPERM or bare_errno != errno.EPERM:
+        return ""
+    return BPF_REFUSED_BY_SECCOMP if _filtered_and_capable(status_text) else ""
+
+
+def _filtered_and_capable(status_text: str) -> bool:
+    """/proc/PID/status says a seccomp filter is installed and CAP_BPF or CAP_SYS_ADMIN is effective."""
+    fields = dict(line.split(":", 1) for line in status_text.splitlines() if ":" in line)
+    try:
+        capeff = int(fields.get("CapEff", "").strip(), 16)
+    except ValueError:
+        return False
+    # Without either capability the kernel itself refuses: the load's own message says which is missing.
+    return fields.get("Seccomp", "").strip() == _SECCOMP_MODE_FILTER and \
+        bool(capeff & ((1 << _CAP_BPF) | (1 << _CAP_SYS_ADMIN)))
+
+
+def _bpf_errnos() -> tuple[int, int]:
+    """(errno of loading a do-nothing SCHED_CLS program, errno of a bpf() command no kernel has); 0: it worked."""
+    from shaperd.kernel import bpf
+
+    try:
+        nr, syscall = bpf._syscall()
+    except bpf.BpfError:
+        return 0, 0  # no bpf() on this architecture: nothing refused it
+    fd, load = bpf._prog_load(bpf.mov32_imm(0, 0) + bpf.exit_(), "shpd_probe", None)
+    if fd >= 0:
+        os.close(fd)
+        return 0, 0
+    r = syscall(ctypes.c_long(nr), ctypes.c_int(_BPF_NO_SUCH_CMD), ctypes.c_void_p(0), ctypes.c_uint(0))
+    if r >= 0:  # no kernel answers this; should one, it is not ours to keep
+        os.close(r)
+        return load, 0
+    return load, ctypes.get_errno()
+
+
+def bpf_refusal(procfs_root: str = "/proc", errnos: Callable[[], tuple[int, int]] = _bpf_errnos) -> str:
+    """``classify_bpf_refusal`` on this process: ``procfs_root``/self/status, then (only where it shows a filter
+    and the capability) its bpf() errnos."""
+    try:
+        with open(os.path.join(procfs_root, "self", "status")) as f:
+            status = f.read()
+    except OSError:
+        return ""
+    if not _filtered_and_capable(status):
+        return ""
+    load, bare = errnos()
+    return classify_bpf_refusal(load, bare, status)
+
+
+def _bpf_verdict(procfs_root: str) -> tuple[bool, str, str]:
+    """(bpf ok, why not, Capabilities.bpf_refused): bpf.bpf_supported, with the cause where it is seccomp."""
+    from shaperd.kernel import bpf
+
+    ok, why = bpf.bpf_supported()
+    if ok:
+        return ok, why, ""
+    refused = bpf_refusal(procfs_root)
+    return ok, (f"{_SECCOMP_NOTE}: {why}" if refused else why), refused
+
 
 def default_qdisc(procfs_root: str = "/proc") -> str | None:
     """net.core.default_qdisc: the kernel instantiates it on every new device, so it is built in or loadable."""
@@ -118,12 +201,11 @@ def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None, roots: R
     device, so cls_bpf is still tested here rather than assumed missing. What edt needs (sch_fq, mq) is
     read from the kernel's own files instead (kernel/qdisc_kinds.py): absent is not offered, unknown is
     offered and verified at apply (backends/edt/refusals.py)."""
-    from shaperd.kernel import bpf
     from shaperd.kernel import qdisc_kinds
 
     roots = roots or Roots(proc=Path(procfs_root))
     kinds = _asked_where_unknown(qdisc_kinds.evidence_all(roots))
-    bpf_ok, bpf_why = bpf.bpf_supported()
+    bpf_ok, bpf_why, refused = _bpf_verdict(procfs_root)
     if bpf_ok and kinds["cls_bpf"].state == qdisc_kinds.ABSENT:  # programs load, but nothing can attach them
         bpf_ok, bpf_why = False, str(kinds["cls_bpf"])
     # The map classifier: its maps made, its program loaded and got back, not attached (no probe device).
@@ -143,7 +225,7 @@ def _assumed(why: str, procfs_root: str, bpffs_root: str | None = None, roots: R
                         bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
                         notes=tuple(notes), fq=fq, mq=mq,
                         kinds=tuple((e.module, e.state, e.evidence) for e in kinds.values()),
-                        edt_pin_root=(bpffs_root or "") if stamper == "pins" else "")
+                        edt_pin_root=(bpffs_root or "") if stamper == "pins" else "", bpf_refused=refused)
 
 
 def _asked_where_unknown(kinds: dict) -> dict:
@@ -253,9 +335,7 @@ def _probe(bpffs_root: str | None = None, checks: ProgramChecks = NO_CHECKS, rea
         if not _off_ok:
             notes.append(f"{off_why} (probe veth): HTB offload is decided per uplink (discovery/htb_offload.py "
                          "probes each device read-only; backends/htb/offload_plan.py decides)")
-        from shaperd.kernel import bpf
-
-        bpf_ok, why = bpf.bpf_supported()
+        bpf_ok, why, refused = _bpf_verdict("/proc")  # this process's own status: the probe runs on a real kernel
         attach_ok, maps_why = checks.attach(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
     # Attaching works: now how a restarted agent gets the maps back (pins first, else by id). bpf()
     # objects and bpffs belong to no network namespace, so this thread's namespace does not matter.
@@ -272,7 +352,7 @@ def _probe(bpffs_root: str | None = None, checks: ProgramChecks = NO_CHECKS, rea
     return Capabilities(htb=True, u32=u32, bpf=bpf_ok, bpf_maps=maps_ok, bpf_adopt=adopt,
                         bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
                         notes=tuple(notes), fq=edt_fq, mq=edt_mq,
-                        edt_pin_root=(bpffs_root or "") if adopt == "pins" else "")
+                        edt_pin_root=(bpffs_root or "") if adopt == "pins" else "", bpf_refused=refused)
 
 
 def sweep_stale(netns_dir: Path) -> list[str]:

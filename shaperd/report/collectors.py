@@ -8,7 +8,7 @@ Each reads a snapshot at scrape time and never the kernel. A value that is
 not known is a missing series, never a zero: no tenant series before the
 first sample, no last-success timestamp before a success, no degraded count
 before a reconcile has run, no pod count and no Kubernetes sync state
-without Kubernetes discovery.
+without Kubernetes discovery, no ``shaperd_bpf_syscall_refused`` while bpf() works.
 
 ``TimedCollectors`` runs them: each reports its own
 ``shaperd_scrape_collector_success`` and ``..._duration_seconds``, and a
@@ -73,6 +73,12 @@ _DEGRADED_HELP = ("What the last reconcile could not enforce, by kind: blocked =
                   "shaperd's (e.g. a foreign root qdisc on an uplink), problem = the tenants file asks for what this node "
                   "cannot plan (e.g. no capacity known for a device); 0 when everything planned is enforced. Neither is "
                   "retried sooner nor fixed by a restart: /healthz, systemctl status and shaperd status name the first reason")
+_BPF_REFUSED_HELP = ("1 while bpf() is refused by what the agent runs under, by cause: seccomp = a seccomp filter "
+                     "(the container runtime's RuntimeDefault profile, or a unit's SystemCallFilter=) although CAP_BPF "
+                     "or CAP_SYS_ADMIN is held; the eBPF classifier, marks and edt are then off. Absent when bpf() "
+                     "works or its refusal has no known cause (docs/kubernetes.md#bpf-refused-by-seccomp)")
+# Capabilities.bpf_refused -> the cause label of shaperd_bpf_syscall_refused.
+REFUSAL_CAUSES = {"bpf_refused_by_seccomp": "seccomp"}
 _OK_HELP = "1 if the collector read its data, 0 if not (its series are then partial or absent)"
 _DUR_HELP = "Time the collector took in this scrape"
 
@@ -210,6 +216,11 @@ class AgentCollector(Collector):
                 for kind, n in st.degraded.by_kind().items():
                     dg.add_metric([kind], n)
                 yield dg
+            if st.degraded is not None and st.degraded.refused:  # only while refused: else a missing series
+                rf = GaugeMetricFamily("shaperd_bpf_syscall_refused", _BPF_REFUSED_HELP, labels=["cause"])
+                for reason in st.degraded.refused:
+                    rf.add_metric([REFUSAL_CAUSES.get(reason, reason)], 1)
+                yield rf
             if st.k8s_synced is not None:
                 yield GaugeMetricFamily("shaperd_kubernetes_synced", "1 while the pod list/watch is in sync with the API server; 0 while it is not (the last known pods stay enforced)", value=1 if st.k8s_synced else 0)
             if st.pods is not None:

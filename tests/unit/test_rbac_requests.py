@@ -45,7 +45,8 @@ def daemonset_args() -> list[str]:
     args = list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
     for kust in sorted(rbac.DAEMONSET.glob("components/*/kustomization.yaml")):
         for patch in yaml.safe_load(kust.read_text()).get("patches", []):
-            for op in yaml.safe_load(patch.get("patch", "")) or []:
+            ops = yaml.safe_load(patch.get("patch", "")) or []
+            for op in ops if isinstance(ops, list) else []:  # a strategic-merge patch (seccomp-localhost) adds no args
                 if op.get("op") == "add" and op.get("path", "").endswith("/containers/0/args/-"):
                     args.append(op["value"])
     return args
