@@ -45,3 +45,16 @@ def test_multi_stage_non_root_labelled_with_a_healthcheck():
         assert f"org.opencontainers.image.{k}=" in CF, k
     assert 'licenses="Apache-2.0"' in CF and (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
     assert "tests" not in re.findall(r"^COPY (\S+)", CF, re.M)
+
+
+def test_one_copy_of_the_image_build_shared_by_release_and_ci():
+    release = (ROOT / "scripts" / "release").read_text()
+    build = (ROOT / "scripts" / "build-image").read_text()
+    # release calls build-image per architecture and builds nothing itself
+    assert '"build-image"' in release and '"buildah"' not in release and '"debootstrap"' not in release
+    for flag in ("--arch", "--wheelhouse", "--oci-archive", "--sbom", "--revision"):
+        assert f'"{flag}"' in release and f"{flag})" in build, flag
+    assert '--platform "linux/$arch"' in build and 'debootstrap --arch="$arch"' in build
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "scripts/release" in ci and "scripts/verify-release" in ci and "SHAPERD_RELEASE_ARM64" in ci
+    assert "build-image" not in ci.split("exec ")[0].replace("# ", "")  # no second, separate image build
