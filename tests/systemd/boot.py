@@ -9,7 +9,8 @@ which powers the container off. Every command has a deadline and runs in its own
 killed by its id when the deadline passes; ``Tree.remove`` unmounts and deletes everything.
 
 SHAPERD_SYSTEMD_BASE=DIR reuses a debootstrapped tree (copied, never changed) to save the ~4 min
-debootstrap when iterating; CI leaves it unset.
+debootstrap when iterating, SHAPERD_SYSTEMD_KEEP_OUT=DIR keeps a copy of what the container
+recorded; CI leaves both unset.
 """
 
 from __future__ import annotations
@@ -207,6 +208,9 @@ class Tree:
         return Boot(rc, secs, console or "")
 
     def remove(self) -> None:
+        keep = os.environ.get("SHAPERD_SYSTEMD_KEEP_OUT")  # a place to copy the recorded results to, when debugging
+        if keep:
+            shutil.copytree(self.out, keep, dirs_exist_ok=True)
         if self.mounted:
             procs.run(["umount", str(self.bpf)], timeout_s=60, check=False)
             self.mounted = False

@@ -42,7 +42,10 @@ def test_the_classifier_path_is_ebpf(booted):
     path = doc["classifier"]["sd0"]["path"]
     assert path == "ebpf", f"sd0's classifier path is {path}: {doc['classifier']}; daemon log:\n" + \
         "\n".join(l for l in booted.journal if "bpf" in l.lower())[-3000:]
-    assert not [l for l in booted.journal if "Operation not permitted" in l and "bpf" in l.lower()]
+    # The daemon says the same of itself, and no BPF load was refused.
+    said = {l["device"]: l["path"] for l in booted.logs("classifier path")}
+    assert said.get("sd0") == "ebpf", said
+    assert not [l for l in booted.journal if "load BPF program" in l], [l for l in booted.journal if "BPF" in l]
 
 
 def test_the_node_supports_the_ebpf_backends_outside_the_sandbox(booted):
@@ -76,10 +79,11 @@ def test_the_watchdog_is_fed(booted):
 
 def test_a_reload_changes_the_kernels_htb_class(booted):
     r = booted.step("reload")
-    ceils = lambda cls: {c.get("ceil") for c in cls}  # noqa: E731
-    assert ceils(r["before"]) & {37_500_000, 300_000_000}, r["before"]  # 300 Mbit/s before
-    assert ceils(r["after"]) & {50_000_000, 400_000_000}, r["after"]
-    assert not ceils(r["after"]) & {37_500_000, 300_000_000}, r["after"]
+    ceils = lambda cls: sorted(c.get("ceil") for c in cls if c.get("class") == "htb")  # noqa: E731
+    assert "300Mbit" in ceils(r["before"]) and "400Mbit" not in ceils(r["before"]), r["before"]
+    assert "400Mbit" in ceils(r["after"]) and "300Mbit" not in ceils(r["after"]), r["after"]
+    # The file is also watched (picked up within a second): the reload itself must have been seen.
+    assert any(l.get("reason") == "SIGHUP" for l in booted.logs("config loaded")), booted.journal[-20:]
 
 
 def test_a_stop_leaves_enforcement_in_place(booted):

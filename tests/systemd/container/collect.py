@@ -67,14 +67,38 @@ def save():
     os.replace(f"{OUT}/results.json.tmp", f"{OUT}/results.json")
 
 
+def tc_json(*what):
+    argv = ["tc", "-j", *what, "show", "dev", DEV]
+    rc, out, err = run(argv)
+    if rc != 0:
+        raise RuntimeError(f"{' '.join(argv)}: rc {rc}: {err.strip()}")
+    try:
+        return json.loads(out) if out.strip() else []
+    except ValueError as e:
+        raise RuntimeError(f"{' '.join(argv)}: not JSON ({e}): {out[:1500]!r}") from None
+
+
 def tc_classes():
-    rc, out, err = run(["tc", "-j", "class", "show", "dev", DEV])
-    return json.loads(out) if rc == 0 and out.strip() else []
+    """HTB classes as {"class", "classid", "rate", "ceil"} (rates as tc prints them, e.g. "300Mbit"). Parsed from
+    the text: Debian 12's tc (iproute2 6.1) prints HTB classes as text even under -j."""
+    argv = ["tc", "class", "show", "dev", DEV]
+    rc, out, err = run(argv)
+    if rc != 0:
+        raise RuntimeError(f"{' '.join(argv)}: rc {rc}: {err.strip()}")
+    rows = []
+    for line in out.splitlines():
+        w = line.split()
+        if len(w) >= 3 and w[0] == "class":
+            row = {"class": w[1], "classid": w[2]}
+            for key in ("rate", "ceil", "parent", "prio"):
+                if key in w[3:]:
+                    row[key] = w[w.index(key, 3) + 1]
+            rows.append(row)
+    return rows
 
 
 def tc_qdiscs():
-    rc, out, err = run(["tc", "-j", "qdisc", "show", "dev", DEV])
-    return json.loads(out) if rc == 0 and out.strip() else []
+    return tc_json("qdisc")
 
 
 def main():
@@ -130,8 +154,7 @@ def main():
 
         def has_new_rate():
             cl = tc_classes()
-            # tc -j prints HTB rates in bytes per second: 400 Mbit/s = 50e6 B/s.
-            return cl if any(c.get("ceil") in (50_000_000, 400_000_000) for c in cl) else None
+            return cl if any(c.get("ceil") == "400Mbit" for c in cl) else None
         after, secs = wait_for("an HTB class with ceil 400Mbit", has_new_rate, 30)
         return {"before": before, "after": after, "seconds": secs}
 
