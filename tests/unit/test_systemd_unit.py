@@ -40,7 +40,7 @@ def settings() -> dict[str, list[str]]:
 def test_notify_watchdog_reload_and_restart_on_failure():
     s = settings()
     assert s["Type"] == ["notify"] and s["NotifyAccess"] == ["main"] and int(s["WatchdogSec"][0]) >= 10
-    assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"] and s["Restart"] == ["on-failure"]
+    assert s["ExecReload"] == ["/bin/sh -c 'kill -HUP ${MAINPID}'"] and s["Restart"] == ["on-failure"]
     argv = s["ExecStart"][0].split()
     assert argv[0] == "/opt/shaperd/bin/shaperd"  # where scripts/install-baremetal puts it
     assert build_parser().parse_args(argv[1:]).cmd == "run"
