@@ -248,7 +248,8 @@ class Daemon:
         self._on_exit(stack, "backend jobs", self._stop_jobs)
         self._on_exit(stack, "STOPPING=1", self.notify.stopping)  # the last registered: the first said
         self.log.info("started", config=self.path, resync_interval_s=self.resync_s,
-                      capabilities=list(rec.capabilities.notes))
+                      capabilities=list(rec.capabilities.notes),
+                      report=rec.capability_report() if hasattr(rec, "capability_report") else None)
         if self.config_source is None:
             self.load("start", force=True)  # a ConfigMap loads when its first list arrives (config_changed)
         self.notify.status(self._status())  # what the first reconcile waits for

@@ -159,6 +159,14 @@ class Reconciler:
     def enabled(self) -> list[Backend]:
         return [b for b in self.backends if self.support[b.name].enabled]
 
+    def capability_report(self) -> dict:
+        """What this process found it can do: each backend on or off, and the probed kernel features. The
+        daemon logs it at start; tests/systemd compares the unit's with a run outside the unit's sandbox."""
+        c = self.capabilities
+        return {"backends": {b.name: self.support[b.name].enabled for b in self.backends},
+                "kernel": {"htb": c.htb, "u32": c.u32, "bpf": c.bpf, "bpf_maps": c.bpf_maps, "bpf_adopt": c.bpf_adopt,
+                           "fq": c.fq, "mq": c.mq, "leaf_kinds": sorted(c.leaf_kinds)}}
+
     # -- inputs ----------------------------------------------------------------
     def inventory(self, cfg: Config | None = None) -> Inventory:
         inv = discover(self.reader, self.capabilities, self.roots)

@@ -4,7 +4,9 @@ This module owns exactly two things:
 
 * generating the program (a hand-encoded eBPF instruction stream, so no
   compiler, clang or libbpf is needed on the node), and
-* loading it with bpf(BPF_PROG_LOAD) and handing back the program fd.
+* loading it with bpf(BPF_PROG_LOAD) and handing back the program fd, and
+* before the first bpf() call on kernels older than 5.11, raising RLIMIT_MEMLOCK
+  as libbpf does (those kernels charge BPF memory to it, not to the memory cgroup).
 
 It does NOT attach filters: the caller attaches the fd as a cls_bpf filter via
 netlink (classic mode, i.e. *without* direct-action) and then closes the fd;
@@ -42,6 +44,7 @@ import functools
 import hashlib
 import os
 import platform
+import resource
 import struct
 from collections.abc import Mapping
 
@@ -339,11 +342,50 @@ class _ProgLoadAttr(ctypes.Structure):
     ]
 
 
+def _kernel_version(release: str) -> tuple[int, int]:
+    """(major, minor) of a kernel release string like "5.10.0-28-amd64"; (0, 0) if unreadable."""
+    parts = release.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1].split("-")[0] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def raise_memlock(release: str | None = None, prlimit=resource.prlimit) -> str:
+    """On kernels < 5.11, raise RLIMIT_MEMLOCK before BPF objects are made (libbpf's bump_rlimit_memlock).
+
+    Those kernels charge program and map memory to RLIMIT_MEMLOCK, and the default (64 KiB, or
+    systemd's LimitMEMLOCK=) fails loads with EPERM. From 5.11 the memory cgroup accounts for it and
+    nothing is changed. Asks for infinity, as libbpf does; without CAP_SYS_RESOURCE only up to the
+    hard limit, so the soft limit is then raised to the hard one. prlimit64 is the syscall used (in
+    systemd's @default set, so a unit's ~@resources deny does not block it). Returns what it did.
+    """
+    release = platform.release() if release is None else release
+    if _kernel_version(release) >= (5, 11):
+        return "not needed (memory cgroup accounting)"
+    soft, hard = prlimit(0, resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return "already unlimited"
+    try:
+        prlimit(0, resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        return "raised to unlimited"
+    except (OSError, ValueError):
+        pass
+    if hard == soft:
+        return f"left at {soft} bytes (the hard limit; raise LimitMEMLOCK=)"
+    try:
+        prlimit(0, resource.RLIMIT_MEMLOCK, (hard, hard))
+    except (OSError, ValueError) as e:
+        return f"left at {soft} bytes: raise RLIMIT_MEMLOCK: {e}"
+    return f"raised to the hard limit {'unlimited' if hard == resource.RLIM_INFINITY else f'{hard} bytes'}"
+
+
 @functools.cache
 def _syscall():
     nr = _NR_BPF.get(platform.machine())
     if nr is None:
         raise BpfError(f"bpf(2) syscall number unknown for architecture {platform.machine()!r}")
+    raise_memlock()  # once per process, before the first bpf() (every bpf() caller gets here)
     fn = ctypes.CDLL(None, use_errno=True).syscall
     fn.restype = ctypes.c_long
     return nr, fn

@@ -16,4 +16,4 @@ def test_systemd_unit_runs_a_valid_command():
     argv = line.split("=", 1)[1].split()
     assert argv[0].endswith("/shaperd")
     assert build_parser().parse_args(argv[1:]).cmd == "run"
-    assert "ExecReload=/bin/kill -HUP $MAINPID" in unit
+    assert "ExecReload=/bin/sh -c 'kill -HUP ${MAINPID}'" in unit

@@ -40,7 +40,7 @@ def settings() -> dict[str, list[str]]:
 def test_notify_watchdog_reload_and_restart_on_failure():
     s = settings()
     assert s["Type"] == ["notify"] and s["NotifyAccess"] == ["main"] and int(s["WatchdogSec"][0]) >= 10
-    assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"] and s["Restart"] == ["on-failure"]
+    assert s["ExecReload"] == ["/bin/sh -c 'kill -HUP ${MAINPID}'"] and s["Restart"] == ["on-failure"]
     argv = s["ExecStart"][0].split()
     assert argv[0] == "/opt/shaperd/bin/shaperd"  # where scripts/install-baremetal puts it
     assert build_parser().parse_args(argv[1:]).cmd == "run"
@@ -95,3 +95,53 @@ def test_the_shipped_unit_fails_verify_when_its_command_is_missing_so_the_check_
     bad.write_text(UNIT.read_text().replace("/opt/shaperd/bin/shaperd", str(tmp_path / "nope" / "shaperd")))
     v = run(["systemd-analyze", "verify", "--man=no", str(bad)])
     assert v.returncode != 0 and "is not executable" in v.stdout + v.stderr
+
+
+# ---- the seccomp filter, evaluated as systemd does (issue 22: ~@privileged took bpf away) ----------
+
+def _group(name: str, seen: dict[str, set[str]]) -> set[str]:
+    """The syscalls of @name, nested groups expanded (systemd-analyze syscall-filter's listing)."""
+    if name not in seen:
+        r = run(["systemd-analyze", "syscall-filter", "--no-pager", name])
+        assert r.returncode == 0, f"systemd-analyze syscall-filter {name}: {r.stderr}"
+        seen[name] = set()
+        for line in r.stdout.splitlines()[1:]:
+            item = line.strip()
+            if not item or item.startswith("#"):
+                continue
+            seen[name] |= _group(item, seen) if item.startswith("@") else {item}
+    return seen[name]
+
+
+def allowed_syscalls(lines: list[str]) -> set[str]:
+    """The allow list SystemCallFilter= lines leave, in order: the first line picks allow-list mode (systemd
+    then adds @default), a later '~' line removes its names, a later plain line adds them again."""
+    seen: dict[str, set[str]] = {}
+    expand = lambda words: set().union(*(_group(w, seen) if w.startswith("@") else {w} for w in words))  # noqa: E731
+    assert lines and not lines[0].startswith("~"), "the unit's filter must start with an allow list"
+    allowed = expand(["@default"])
+    for line in lines:
+        if line.startswith("~"):
+            allowed -= expand(line[1:].split())
+        else:
+            allowed |= expand(line.split())
+    return allowed
+
+
+@needs_analyze
+def test_the_units_syscall_filter_in_order_keeps_bpf_and_prlimit64_allowed():
+    allowed = allowed_syscalls(settings()["SystemCallFilter"])
+    # bpf: the classifier, marks and edt programs and maps; prlimit64: RLIMIT_MEMLOCK on kernels < 5.11
+    # (shaperd/kernel/bpf.py raise_memlock); the rest: what its sandbox would otherwise take, spot-checked.
+    for call in ("bpf", "prlimit64", "sendmsg", "recvmsg", "socket", "bind", "setsockopt", "clone3"):
+        assert call in allowed, f"SystemCallFilter= lines leave {call} denied"
+    for call in ("setrlimit", "init_module", "reboot", "mount", "ptrace", "setuid", "chroot"):
+        assert call not in allowed, f"SystemCallFilter= lines allow {call}"
+
+
+@needs_analyze
+def test_the_filter_evaluation_catches_the_shipped_0_1_0_filter_that_took_bpf_away():
+    old = ["@system-service @network-io bpf",
+           "~@privileged @resources @obsolete @debug @cpu-emulation @swap @reboot @raw-io @module @clock"]
+    assert "bpf" not in allowed_syscalls(old)
+    assert "bpf" in allowed_syscalls(old + ["bpf"])
