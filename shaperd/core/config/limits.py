@@ -59,9 +59,24 @@ class YamlTooDeep(yaml.YAMLError):
         super().__init__(f"collections nested more than {MAX_YAML_DEPTH} deep; a tenants file needs 5")
 
 
+class YamlTooManyTenants(yaml.YAMLError):
+    """Raised from inside the composer at the first tenant past MAX_TENANTS, before the rest is parsed."""
+
+    def __init__(self, mark):
+        self.problem_mark = mark
+        super().__init__(tenant_count_message(f"more than {MAX_TENANTS:,}"))
+
+
+def tenant_count_message(count: str) -> str:
+    return (f"{count} tenants, above the limit of {MAX_TENANTS:,}: an HTB device has class minors "
+            f"0x{TENANT_MINOR_FIRST:x}..0x{TENANT_MINOR_LAST:x} for tenants (65,505, less the root's 0x{HANDLE_MAJOR:x})")
+
+
 class YamlNodeBudget:
     """Composer mixin: counts every node, an alias as the size of the subtree it names, and stops past
-    ``max_yaml_nodes``. Put it before ``yaml.SafeLoader`` in the bases."""
+    ``max_yaml_nodes``; refuses nesting past MAX_YAML_DEPTH before it recurses; and refuses the first
+    item of the root's ``tenants`` sequence past MAX_TENANTS while composing, so an oversized file is
+    refused without parsing (or constructing) the rest. Put it before the Composer in the bases."""
 
     max_yaml_nodes = MAX_YAML_NODES
 
@@ -70,7 +85,16 @@ class YamlNodeBudget:
             self._budget_count = 0
             self._budget_depth = 0
             self._budget_sizes: dict[str, int] = {}
+            self._budget_tenants = None
+            self._budget_tenants_key = False
         event = self.peek_event()
+        if self._budget_depth == 1:  # a value of the root mapping: is it the tenants list?
+            self._budget_tenants_key = (isinstance(event, yaml.SequenceStartEvent)
+                                        and isinstance(index, yaml.ScalarNode) and index.value == "tenants")
+        elif self._budget_depth == 2 and self._budget_tenants_key:  # its first item: remember the list node
+            self._budget_tenants, self._budget_tenants_key = parent, False
+        if parent is not None and parent is self._budget_tenants and index >= MAX_TENANTS:
+            raise YamlTooManyTenants(event.start_mark)
         if isinstance(event, yaml.AliasEvent):
             node = super().compose_node(parent, index)  # raises for an undefined alias
             self._charge(self._budget_sizes.get(event.anchor, 1))
@@ -114,7 +138,6 @@ def check_tenant_count(raw, bad) -> bool:
     """Refuse more tenants than HTB has class minors, before validating any of them (400,000 tenants
     took 123 s to validate). True if the count is within the limit."""
     if isinstance(raw, list) and len(raw) > MAX_TENANTS:
-        bad("tenants", f"{len(raw):,} tenants, above the limit of {MAX_TENANTS:,}: an HTB device has class minors "
-            f"0x{TENANT_MINOR_FIRST:x}..0x{TENANT_MINOR_LAST:x} for tenants (65,505, less the root's 0x{HANDLE_MAJOR:x})")
+        bad("tenants", tenant_count_message(f"{len(raw):,}"))
         return False
     return True

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shaperd.core.config import limits as config_limits
-from shaperd.core.config.manifests import load_documents
+from shaperd.core.config.manifests import load_set, parse_documents
 from shaperd.core.config.model import CONFIGMAP_KEY, Config
 from shaperd.core.config.validate import from_dict
 from shaperd.core.config.yamldoc import _yaml
@@ -29,10 +29,10 @@ def load_file(path: str | Path) -> Config:
 
 def load_text(text: str, source: str = "<memory>") -> Config:
     # A file of several documents is a set of Kubernetes objects (config/manifests.py).
-    docs = load_documents(text, source)
-    if docs is not None:
-        return docs
-    doc = _yaml(text, source)
+    docs = parse_documents(text, source)
+    if len(docs) > 1:
+        return load_set(docs, source)
+    doc = docs[0] if docs else None
     prefix = ""
     if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
         data = doc.get("data")

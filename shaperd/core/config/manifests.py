@@ -20,17 +20,12 @@ import yaml
 from shaperd.core.config import cilium
 from shaperd.core.config.model import CONFIGMAP_KEY, Config
 from shaperd.core.config.validate import from_dict
-from shaperd.core.config.yamldoc import _UniqueKeyLoader, _yaml
+from shaperd.core.config.yamldoc import _yaml, load_all
 from shaperd.core.errors import ConfigError, ConfigProblem
 
 
 def _all_documents(text: str, source: str) -> list[Any]:
-    try:
-        return [d for d in yaml.load_all(text, Loader=_UniqueKeyLoader) if d is not None]  # noqa: S506 - SafeLoader
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(source, [ConfigProblem(where, f"not valid YAML: {getattr(e, 'problem', None) or e}")]) from e
+    return load_all(text, source)
 
 
 def _ref(doc: dict) -> str:
@@ -45,6 +40,11 @@ def load_documents(text: str, source: str) -> Config | None:
     if len(docs) <= 1:
         return None
     return load_set(docs, source)
+
+
+def parse_documents(text: str, source: str) -> list[Any]:
+    """The text's non-empty documents, parsed once (load_text used to parse a single document twice)."""
+    return _all_documents(text, source)
 
 
 def load_set(docs: list[Any], source: str) -> Config:
