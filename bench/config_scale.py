@@ -2,12 +2,12 @@
 """Benchmark: ``shaperd check-config`` at the tenant limit, before and after the libyaml loader, as ratios
 to a bare ``yaml.load(..., Loader=yaml.CSafeLoader)`` of the same file in the same run.
 
-    .venv/bin/python bench/config_scale.py [--tenants 65504] [--over 70000] [--repeat 1] [--json]
+    .venv/bin/python bench/config_scale.py [--tenants 65504] [--over 70000] [--repeat 1] [--before REF] [--json]
 
 Owns: writing the files (block and flow style, each tenant with a label match: the largest accepted
 file and one over the limit), and timing in a fresh process each (``/usr/bin/time -f '%e %M'``: wall
 seconds, peak RSS KiB): the bare C load, main's ``shaperd`` (``git archive main`` into a temporary
-directory: "before") and this tree's ("after"). Must not: touch the kernel or keep the files.
+directory: "before"; ``--before REF`` for another commit) and this tree's ("after"). Must not: touch the kernel or keep the files.
 """
 
 from __future__ import annotations
@@ -46,13 +46,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tenants", type=int, default=65_504)
     ap.add_argument("--over", type=int, default=70_000)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--before", default="main", help="the commit to compare with (default main)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="shpd-cfgscale-") as tmp:
         before = Path(tmp) / "main"
         before.mkdir()
-        arc = subprocess.run(["git", "archive", "main", "shaperd"], cwd=ROOT, capture_output=True, check=True, timeout=60)
+        arc = subprocess.run(["git", "archive", args.before, "shaperd"], cwd=ROOT, capture_output=True, check=True, timeout=60)
         subprocess.run(["tar", "-x", "-C", str(before)], input=arc.stdout, check=True, timeout=60)
         for n in (args.tenants, args.over):
             for flow in (False, True):

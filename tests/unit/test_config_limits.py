@@ -9,6 +9,7 @@ import time
 import pytest
 
 from shaperd.core.config import limits as config_limits
+from shaperd.core.config import yamlbuild
 from shaperd.core.ids import assign_minors
 from shaperd.core.config import from_dict, load_file, load_text
 from shaperd.core.errors import ConfigError
@@ -71,10 +72,10 @@ def test_few_aliases_within_the_budget_still_load():
 def test_budget_counts_alias_subtrees(monkeypatch):
     # The anchored list is 5 nodes; three aliases of it are charged 15, so the document is 25 nodes expanded
     # (7 counted once): a budget of 20 trips, 40 does not.
-    monkeypatch.setattr(config_limits.YamlNodeBudget, "max_yaml_nodes", 20)
+    monkeypatch.setattr(yamlbuild.EventBuilder, "max_yaml_nodes", 20)
     with pytest.raises(ConfigError, match="YAML nodes"):
         load_text("a: &a [1, 2, 3, 4]\nb: [*a, *a, *a]\n")
-    monkeypatch.setattr(config_limits.YamlNodeBudget, "max_yaml_nodes", 40)
+    monkeypatch.setattr(yamlbuild.EventBuilder, "max_yaml_nodes", 40)
     with pytest.raises(ConfigError, match="expected a mapping with a 'tenants'|tenants"):
         load_text("a: &a [1, 2, 3, 4]\nb: [*a, *a, *a]\n")  # within budget: now an ordinary validation error
 

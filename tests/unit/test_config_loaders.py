@@ -8,10 +8,11 @@ composing, on the line of the first tenant over, in both."""
 from __future__ import annotations
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 
 from shaperd.core.config import limits as config_limits
-from shaperd.core.config import load_text, yamldoc
+from shaperd.core.config import load_text, yamlbuild, yamldoc
 from shaperd.core.errors import ConfigError
 from tests.fuzz_inputs import GOOD_TENANTS, tenants_texts
 
@@ -77,8 +78,74 @@ def test_both_loaders_same_answer_on_fuzz(text):
 
 def test_fast_loader_is_libyaml_and_guarded():
     from yaml.cyaml import CParser
-    assert issubclass(yamldoc.FastLoader, CParser)
-    assert issubclass(yamldoc.FastLoader, config_limits.YamlNodeBudget)
+    assert issubclass(yamldoc.FastLoader, CParser) and not issubclass(yamldoc.PyLoader, CParser)
+    for loader in (yamldoc.FastLoader, yamldoc.PyLoader):  # both build from events, under every guard
+        assert loader.__mro__[1] is yamlbuild.EventBuilder
+        assert not issubclass(loader, yaml.composer.Composer)
+
+
+# Valid YAML on which the event builder must give what PyYAML's own SafeLoader gives (its composer and
+# constructor, the reference): scalars of every implicit type, explicit tags, anchors shared and recursive,
+# the collection tags SafeConstructor knows, keys that are not strings, several documents.
+VALID = [
+    GOOD_TENANTS, "", "a: 1", "- 1\n- 0x1f\n- 0o17\n- 1_000\n- 1.5e3\n- .inf\n- -.Inf\n- .nan\n- ~\n- null\n- true\n- no\n- Off",
+    "t: 2001-12-14\nts: 2001-12-14t21:59:43.10-05:00\nb: !!binary aGVsbG8=\ns: !!str 12\ni: !!int '7'\nf: !!float '1'",
+    "a: &x {b: [1, 2]}\nc: *x\nd: [*x, *x]", "a: &x [1, *x]", "a: &m {k: *m}", "s: !!set {a, b, ? c}",
+    "o: !!omap [{a: 1}, {b: 2}]", "p: !!pairs [{a: 1}, {a: 2}]", "{1: a, 2.5: b, null: c, true: d, [1, 2]: e}"[:25] + "}",
+    "? !!str 1\n: x\n? 1\n: y", "a: 'x'\nb: \"y\\n\"\nc: |\n  lit\n  eral\nd: >\n  fol\n  ded\n", "- - - - deep",
+    "a: !!map {b: 1}\nc: !!seq [1]", "! a: ! b", "%YAML 1.1\n---\na: 1\n...\n", "a: 1 # comment\n# end",
+]
+# Refused by both, for the reason PyYAML gives (the builder words these as PyYAML does).
+INVALID = ["a: !!str {b: 1}", "a: !!map [1]", "a: !!seq {b: 1}", "a: !!omap {b: 1}", "a: !!omap [1]",
+           "a: !!omap [{b: 1, c: 2}]", "a: !foo {b: 1}", "a: !foo 1", "a: *nope", "a: &x 1\nb: &x 2",
+           "--- a\n--- b\n"]
+
+
+@pytest.mark.parametrize("text", VALID, ids=range(len(VALID)))
+@pytest.mark.parametrize("loader", ["fast", "py"])
+def test_same_data_as_pyyaml_safeloader(text, loader):
+    mine = yaml.load(text, Loader=yamldoc.FastLoader if loader == "fast" else yamldoc.PyLoader)  # noqa: S506
+    ref = yaml.load(text, Loader=yaml.SafeLoader)  # noqa: S506
+    assert repr(mine) == repr(ref)  # repr: equal also where nan != nan and for recursive structures
+    assert list(yaml.load_all(text, Loader=yamldoc.PyLoader)) != [] or text.strip() in ("",)  # noqa: S506
+
+
+@pytest.mark.parametrize("text", INVALID, ids=range(len(INVALID)))
+@pytest.mark.parametrize("loader", ["fast", "py"])
+def test_same_refusal_as_pyyaml_safeloader(text, loader):
+    with pytest.raises(yaml.YAMLError) as ref:
+        yaml.load(text, Loader=yaml.SafeLoader)  # noqa: S506
+    with pytest.raises(yaml.YAMLError) as mine:
+        yaml.load(text, Loader=yamldoc.FastLoader if loader == "fast" else yamldoc.PyLoader)  # noqa: S506
+    assert mine.value.problem == ref.value.problem
+    assert mine.value.problem_mark.line == ref.value.problem_mark.line
+
+
+@pytest.mark.parametrize("text", ["a: !!int x", "a: !!float x", "a: !!timestamp x", "a: !!bool x"])
+@pytest.mark.parametrize("loader", ["fast", "py"])
+def test_a_scalar_its_tag_cannot_read_is_a_yaml_error_with_its_line(text, loader, monkeypatch):
+    # PyYAML's own SafeLoader raises ValueError or AttributeError here: a traceback, not a YAML error.
+    monkeypatch.setattr(yamldoc, "FastLoader", yamldoc.FastLoader if loader == "fast" else yamldoc.PyLoader)
+    with pytest.raises(ConfigError) as ei:
+        load_text("tenants: []\n" + text, "t.yaml")
+    (p,) = ei.value.problems
+    assert p.path == "line 2, column 4" and p.message.startswith("not valid YAML: cannot read 'x' as tag:yaml.org,2002:")
+
+
+def test_several_documents_as_pyyaml_gives_them():
+    text = "a: 1\n---\n- x\n---\n...\n--- &r [*r]\n"
+    for loader in (yamldoc.FastLoader, yamldoc.PyLoader):
+        assert repr(list(yaml.load_all(text, Loader=loader))) == repr(list(yaml.load_all(text, Loader=yaml.SafeLoader)))  # noqa: S506
+
+
+def test_no_node_graph_is_kept(monkeypatch):
+    """The point of the builder: a mapping or sequence never becomes a Node (scalars of a non-str tag
+    are wrapped one at a time, for SafeConstructor, and dropped)."""
+    made = []
+    for cls in (yaml.MappingNode, yaml.SequenceNode):
+        monkeypatch.setattr(cls, "__init__", lambda self, *a, **k: made.append(a))
+    data = yaml.load(GOOD_TENANTS, Loader=yamldoc.FastLoader)  # noqa: S506
+    assert data["tenants"] and made == []
 
 
 @pytest.mark.parametrize("loader", ["fast", "py"])

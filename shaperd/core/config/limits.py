@@ -22,9 +22,9 @@ The numbers, and why:
   13 nodes a tenant (852,000 in all); 2 M leaves room for cidr lists. An
   alias counts the whole subtree it points to, so nine levels of nine
   aliases ("billion laughs", 9^9 nodes from 81 aliases) are refused while
-  composing, after a few thousand nodes, in milliseconds.
+  parsing (config/yamlbuild.py), after a few thousand nodes, in milliseconds.
 - ``MAX_YAML_DEPTH`` = 64 nested collections: the deepest real path is
-  root / tenants / tenant / match / podLabels (5). PyYAML's composer
+  root / tenants / tenant / match / podLabels (5). PyYAML's composer (used before config/yamlbuild.py)
   recurses about four Python frames a level, so ``[`` nested a few hundred
   deep ended in a RecursionError traceback (found by tests/fuzz_inputs.py);
   64 is far below that and far above any real file.
@@ -70,52 +70,6 @@ class YamlTooManyTenants(yaml.YAMLError):
 def tenant_count_message(count: str) -> str:
     return (f"{count} tenants, above the limit of {MAX_TENANTS:,}: an HTB device has class minors "
             f"0x{TENANT_MINOR_FIRST:x}..0x{TENANT_MINOR_LAST:x} for tenants (65,505, less the root's 0x{HANDLE_MAJOR:x})")
-
-
-class YamlNodeBudget:
-    """Composer mixin: counts every node, an alias as the size of the subtree it names, and stops past
-    ``max_yaml_nodes``; refuses nesting past MAX_YAML_DEPTH before it recurses; and refuses the first
-    item of the root's ``tenants`` sequence past MAX_TENANTS while composing, so an oversized file is
-    refused without parsing (or constructing) the rest. Put it before the Composer in the bases."""
-
-    max_yaml_nodes = MAX_YAML_NODES
-
-    def compose_node(self, parent, index):  # noqa: D102 - PyYAML's Composer hook
-        if not hasattr(self, "_budget_count"):
-            self._budget_count = 0
-            self._budget_depth = 0
-            self._budget_sizes: dict[str, int] = {}
-            self._budget_tenants = None
-            self._budget_tenants_key = False
-        event = self.peek_event()
-        if self._budget_depth == 1:  # a value of the root mapping: is it the tenants list?
-            self._budget_tenants_key = (isinstance(event, yaml.SequenceStartEvent)
-                                        and isinstance(index, yaml.ScalarNode) and index.value == "tenants")
-        elif self._budget_depth == 2 and self._budget_tenants_key:  # its first item: remember the list node
-            self._budget_tenants, self._budget_tenants_key = parent, False
-        if parent is not None and parent is self._budget_tenants and index >= MAX_TENANTS:
-            raise YamlTooManyTenants(event.start_mark)
-        if isinstance(event, yaml.AliasEvent):
-            node = super().compose_node(parent, index)  # raises for an undefined alias
-            self._charge(self._budget_sizes.get(event.anchor, 1))
-            return node
-        self._charge(1)
-        before = self._budget_count
-        self._budget_depth += 1
-        try:
-            if self._budget_depth > MAX_YAML_DEPTH:
-                raise YamlTooDeep()
-            node = super().compose_node(parent, index)
-        finally:
-            self._budget_depth -= 1
-        if getattr(event, "anchor", None) is not None:
-            self._budget_sizes[event.anchor] = self._budget_count - before + 1
-        return node
-
-    def _charge(self, n: int) -> None:
-        self._budget_count += n
-        if self._budget_count > self.max_yaml_nodes:
-            raise YamlBudgetExceeded(self._budget_count)
 
 
 def check_text_size(nbytes: int, source: str) -> None:

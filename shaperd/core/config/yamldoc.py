@@ -3,13 +3,13 @@
 Shared by the loader (one tenants file) and the manifests reader (several Kubernetes documents).
 Raises ConfigError naming the line and column. Pure: parses only the text it is given.
 
-Two loaders give the same answers (tests/unit/test_config_loaders.py runs both on the bad-input corpus):
-``FastLoader`` scans and parses in libyaml (C) where PyYAML was built with it, and composes and
-constructs in Python; ``PyLoader`` is PyYAML's pure-Python SafeLoader. Both compose with PyYAML's
-Python Composer under config/limits.YamlNodeBudget, so depth, node budget and tenant count are
-checked at each event, before anything past the limit is parsed: libyaml's own composer recurses in C
-with no depth limit (``[`` nested 100,000 deep is a segfault), which is why it is not used. libyaml
-does not refuse the control characters PyYAML's Reader refuses, so FastLoader checks them first.
+Two loaders give the same answers (tests/unit/test_config_loaders.py runs both on the bad-input corpus,
+and against PyYAML's own SafeLoader on valid YAML): ``FastLoader`` scans and parses in libyaml (C) where
+PyYAML was built with it; ``PyLoader`` in PyYAML's pure Python. Both build the data from the parser's
+events with config/yamlbuild.EventBuilder, which checks depth, node budget, tenant count and duplicate
+keys at each event, before anything past a limit is parsed, and keeps no node graph. libyaml's own
+composer is not used: it recurses in C with no depth limit (``[`` nested 100,000 deep is a segfault).
+libyaml does not refuse the control characters PyYAML's Reader refuses, so FastLoader checks them first.
 """
 
 from __future__ import annotations
@@ -19,57 +19,38 @@ from typing import Any
 import yaml
 
 from shaperd.core.config import limits as config_limits
+from shaperd.core.config import yamlbuild
 from shaperd.core.errors import ConfigError, ConfigProblem
 
 
+class _PyEventLoader(yamlbuild.EventBuilder, yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser,
+                     yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+    """PyYAML's pure-Python reader, scanner and parser (events), built into data by EventBuilder."""
 
-class _UniqueKeyLoader(config_limits.YamlNodeBudget, yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys instead of keeping the last one (and stops past the
-    node budget of config_limits)."""
-
-
-PyLoader = _UniqueKeyLoader
-
-
-def _construct_mapping(loader: Any, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, Any] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            hash(key)
-        except TypeError:  # "? []": PyYAML would raise the TypeError from our `in` below
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark, "found an unhashable key", key_node.start_mark
-            ) from None
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
-            )
-        seen[key] = True
-    return loader.construct_mapping(node, deep=deep)
+    def __init__(self, stream):
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
 
 
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
+PyLoader: Any = _PyEventLoader
 FastLoader: Any = PyLoader
 if getattr(yaml, "__with_libyaml__", False):
     from yaml.cyaml import CParser
 
-    class _CUniqueKeyLoader(config_limits.YamlNodeBudget, yaml.composer.Composer, CParser,
-                            yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
-        """libyaml's scanner and parser (events), PyYAML's Composer (bounded by YamlNodeBudget) and
-        SafeConstructor with the duplicate-key check. The Composer's methods come before CParser's in
-        the MRO, so CParser's recursive C composer is never called."""
+    class _CEventLoader(yamlbuild.EventBuilder, CParser, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+        """libyaml's scanner and parser (events, in C), built into data by EventBuilder. EventBuilder's
+        methods come first in the MRO, so CParser's recursive C composer is never called."""
 
         def __init__(self, stream):
             _check_printable(stream)
             CParser.__init__(self, stream)
-            yaml.composer.Composer.__init__(self)
             yaml.constructor.SafeConstructor.__init__(self)
             yaml.resolver.Resolver.__init__(self)
 
-    _CUniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-    FastLoader = _CUniqueKeyLoader
+    FastLoader = _CEventLoader
 
 
 def _check_printable(text: Any) -> None:
