@@ -18,11 +18,20 @@ from shaperd.cli.node import node_opts
 SUBCOMMANDS: tuple[str, ...] = ("shaperd.cli.rdma_opensm", "shaperd.report.rdma_status")
 
 
+HELP = "RDMA: devices, service levels, NCCL settings, the subnet manager's tables"
+
+
+def register_stub(sub) -> None:
+    """The group's line in ``shaperd --help`` without its tree (cli/main.FULL_TREE: a command line that
+    names rdma gets the whole tree, so this parser is never the one that parses)."""
+    sub.add_parser("rdma", help=HELP)
+
+
 def register(sub) -> None:
     from shaperd.engine.reconciler import diff_one
     from shaperd.engine.registry import REGISTRY
 
-    p = sub.add_parser("rdma", help="RDMA: devices, service levels, NCCL settings, the subnet manager's tables")
+    p = sub.add_parser("rdma", help=HELP)
     rs = p.add_subparsers(dest="rdma_cmd", required=True)
     p.set_defaults(diff_one=diff_one)
     for name in SUBCOMMANDS:

@@ -77,3 +77,27 @@ def test_exit_codes_and_the_error_printer_exist_once():
     assert {m for m, _ in found} == {"core/exitcodes.py"}, [f for f in found if f[0] != "core/exitcodes.py"]
     assert sorted(w for _, w in found) == sorted(["EXIT_OK", "EXIT_FAILED", "EXIT_BAD_INPUT", "EXIT_DIFF_PENDING",
                                                   "EXIT_DIFF_ERROR", "EXIT_INTERRUPTED", "print('shaperd: ...')"])
+
+
+def _modules_after(code: str) -> set[str]:
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", f"import sys\n{code}\nprint(' '.join(sys.modules))"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    return set(out.split())
+
+
+def test_a_command_line_that_names_no_rdma_command_does_not_build_the_rdma_tree():
+    """The rdma tree lists every backend's subcommands, so building it imports the engine and every backend:
+    `shaperd apply` and `status` must not pay for it. A command line that names rdma (or completion,
+    which prints the whole tree) gets all of it."""
+    lean = _modules_after("from shaperd.cli.main import build_parser\nbuild_parser(['check-config', 'x.yaml'])")
+    assert "shaperd.engine.registry" not in lean and "shaperd.cli.rdma_opensm" not in lean
+    whole = _modules_after("from shaperd.cli.main import build_parser\nbuild_parser(['--log-json', 'rdma', 'env'])")
+    assert {"shaperd.engine.registry", "shaperd.cli.rdma_opensm"} <= whole
+    stub = cli.build_parser(["status"])
+    full = cli.build_parser(None)
+    helps = [{a.dest: a.help for a in next(x for x in p._actions if isinstance(x, argparse._SubParsersAction))
+              ._choices_actions} for p in (stub, full)]
+    assert helps[0] == helps[1]  # `shaperd --help` reads the same either way
+    assert full.parse_args(["rdma", "status"]).rdma_cmd == "status"

@@ -150,7 +150,9 @@ def tls(tmp_path):
 
 def test_tls_is_served_and_a_client_stalled_in_its_handshake_holds_only_its_own_thread(tls):
     server_ctx, client_ctx = tls
-    s = serving(Server("127.0.0.1", 0, server_ctx, client_timeout_s=WAIT_S))
+    # The stalled handshake ends when the client closes, not at the server's read timeout: that timeout is far
+    # above WAIT_S, so a busy machine that makes the served request slow cannot end the stall first.
+    s = serving(Server("127.0.0.1", 0, server_ctx, client_timeout_s=30 * WAIT_S))
     port = s.server_address[1]
     stalled = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)  # connects, never says hello
     try:
