@@ -19,3 +19,14 @@ def _version() -> str:
 
 
 __version__ = _version()
+
+
+def _lean_pyroute2() -> None:
+    # Before any shaperd module imports pyroute2: its submodules without its package __init__, which
+    # imports every pyroute2 API (kernel/pyroute2_lean.py says what that saves).
+    from shaperd.kernel import pyroute2_lean
+
+    pyroute2_lean.install()
+
+
+_lean_pyroute2()

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 
-from pyroute2 import IPRoute
+from pyroute2.iproute import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from shaperd.core.pids import pid_alive

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -27,7 +25,7 @@ from shaperd.core import config
 from shaperd.rdma import plan as rdma_plan
 from shaperd.discovery import rdma as rdma_mod
 from shaperd.discovery.kubernetes import PodInfo
-from shaperd.discovery.podresources import api_pb2, api_pb2_grpc
+from shaperd.discovery.podresources import api_pb2
 from shaperd.discovery.podresources.client import PodResourcesClient, PodResourcesError
 from shaperd.discovery.podresources.model import from_reply
 from shaperd.discovery.podresources.source import STALE_AFTER, PodResourcesSource, rdma_assignments
@@ -37,6 +35,7 @@ from shaperd.kernel.rtnl_rows import LinkRow
 from shaperd.core.roots import Roots
 from shaperd.core.tenancy import tenancy
 
+from ..podresources_fake import Kubelet, Lister
 from ..rdma_fixture import Node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,50 +52,6 @@ def reply(*pods) -> api_pb2.ListPodResourcesResponse:
             for res, ids in devices:
                 c.devices.add(resource_name=res, device_ids=ids)
     return out
-
-
-class Lister(api_pb2_grpc.PodResourcesListerServicer):
-    """A kubelet: answers List with ``self.reply``; with ``stall`` set, answers nothing until released."""
-
-    def __init__(self, answer=None):
-        self.reply = answer if answer is not None else api_pb2.ListPodResourcesResponse()
-        self.calls = 0
-        self.stall = False
-        self.release = threading.Event()
-
-    def List(self, request, context):
-        self.calls += 1
-        if self.stall:
-            self.release.wait(10)
-        return self.reply
-
-
-class Kubelet:
-    """A gRPC server on <root>/pod-resources/kubelet.sock, started and stopped like the kubelet."""
-
-    def __init__(self, socket: Path):
-        self.socket = socket
-        self.server = None
-
-    def start(self, servicer=None, handler=None) -> None:
-        self.socket.parent.mkdir(parents=True, exist_ok=True)
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        if servicer is not None:
-            api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, self.server)
-        if handler is not None:
-            self.server.add_generic_rpc_handlers((handler,))
-        self.server.add_insecure_port(f"unix://{self.socket}")
-        self.server.start()
-        self.servicer = servicer
-
-    def stop(self) -> None:
-        """Stop and remove the socket, as a kubelet going away does (it recreates it on start)."""
-        if self.server is not None:
-            if getattr(self, "servicer", None) is not None:
-                self.servicer.release.set()
-            self.server.stop(None).wait(5)
-            self.server = None
-        self.socket.unlink(missing_ok=True)
 
 
 @pytest.fixture
@@ -214,6 +169,18 @@ def test_missing_socket_is_not_available_logged_once(roots):
     assert [e["event"] for e in logs] == [
         "pod-resources socket not available: pods' RDMA devices from the tenants file only"]
     assert logs[0]["socket"] == str(roots.pod_resources_socket)
+
+
+def test_no_socket_no_grpc(tmp_path):
+    """grpc (about 20 MiB of RSS) is loaded only once there is a socket to call."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom shaperd.core.roots import Roots\n"
+            "from shaperd.discovery.podresources.source import PodResourcesSource\n"
+            f"src = PodResourcesSource(Roots.of(kubelet={str(tmp_path)!r}), timeout_s=5)\n"
+            "print(src.fetch(), src.available, 'grpc' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.strip().splitlines()[-1].split() == ["None", "False", "False"]  # (the log line comes first)
 
 
 # -- the shared device plugin ----------------------------------------------------

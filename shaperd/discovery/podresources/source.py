@@ -157,13 +157,14 @@ class PodResourcesSource:
     # -- the call --------------------------------------------------------------
     def fetch(self) -> tuple[PodResources, ...] | None:
         """The kubelet's assignments now, else the last good ones (None: it never answered)."""
-        from shaperd.discovery.podresources.client import DEFAULT_TIMEOUT_S, PodResourcesClient, PodResourcesError
-
         self.poll()
         if self._stamp is None:
             if self.listing is not None:
                 self._failed(f"pod-resources: socket {self.path} not available")
             return self.listing
+        # grpc (about 20 MiB of RSS) loads only once there is a socket to call: a node with no kubelet
+        # pod-resources socket never pays for it.
+        from shaperd.discovery.podresources.client import DEFAULT_TIMEOUT_S, PodResourcesClient, PodResourcesError
         now = self.clock()
         if now < self._retry_at:
             return self.listing
