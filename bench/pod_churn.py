@@ -3,7 +3,7 @@
 
     sudo .venv/bin/python bench/pod_churn.py [--cycles 1000] [--steady 20] [--mode daemon|inprocess]
                                              [--order alternate|api-first|veth-first] [--no-annotations]
-                                             [--no-tracemalloc] [--json]
+                                             [--no-tracemalloc] [--kubelet] [--json]
 
 The issue's target: "a churn benchmark of 1,000 pod create/delete cycles ends
 with exactly the kernel state a fresh start would make, and with flat memory".
@@ -178,6 +178,10 @@ def daemon_child(argv: list[str]) -> int:
                                        for fr in s.traceback][:frames]}
                             for s in stats[:12]]
                         out["total_diff"] = sum(s.size_diff for s in stats)
+                    # Where the traced memory is at the end (allocated since tracing started: after the imports).
+                    out["top_size"] = [{"size": s.size, "count": s.count,
+                                        "where": s.traceback[0].filename.replace(str(ROOT) + "/", "")}
+                                       for s in snap.statistics("filename")[:12]]
             if arg:
                 tmp = arg + ".tmp"
                 with open(tmp, "w") as f:
@@ -198,7 +202,7 @@ class Daemon:
     """``shaperd run`` against the fake API, in the host namespace acting in the node's."""
 
     def __init__(self, node_ns: str, workdir: Path, api_url: str, tracemalloc_frames: int = 0,
-                 resync_s: float = 30.0):
+                 resync_s: float = 30.0, kubelet_root: Path | None = None):
         from tests.k8s_fake import write_kubeconfig
 
         self.workdir = workdir
@@ -211,6 +215,8 @@ class Daemon:
         args = ["--log-json", "run", "--config", str(self.cfg), "--netns", node_ns, "--node-name", NODE_NAME,
                 "--kubeconfig", str(kubeconfig), "--resync-interval", str(resync_s),
                 "--metrics-address", f"127.0.0.1:{self.port}"]
+        if kubelet_root is not None:  # a fake kubelet's pod-resources socket: the daemon loads grpc and calls it
+            args += ["--kubelet-root", str(kubelet_root)]
         # Own process group, SIGKILLed if the benchmark dies (a killed run leaves no daemon behind:
         # pyroute2 would even re-create its deleted namespace) or passes the deadline.
         self.proc = netns.spawn([PY, str(Path(__file__).resolve()), "--daemon-child", str(tracemalloc_frames),
@@ -294,6 +300,7 @@ class Result:
     annotation_changes: int = 0
     checks: dict = field(default_factory=dict)
     reconciles: dict = field(default_factory=dict)
+    kubelet_calls: int | None = None  # --kubelet: List calls the fake kubelet answered
 
 
 def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> None:
@@ -304,7 +311,7 @@ def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> No
     steady = [PodSpec("s", i, tenant_for(i), egress=steady_annotation(i, True) if ann else None)
               for i in range(args.steady)]
     add_routed_pods(node, pods_ns, steady)
-    api = daemon = None
+    api = daemon = kubelet = None
     k = Kernel(node)
     pods: list = []  # inprocess: what the "watcher" reports
     rec = None
@@ -315,7 +322,17 @@ def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> No
             api = FakeKubeAPI()
             for p in steady:
                 api.add_pod(p.api_object())
-            daemon = Daemon(node, workdir, api.url, args.tracemalloc_frames)
+            kubelet_root = None
+            if args.kubelet:  # in a process of its own: this one forks, which gRPC's threads do not survive
+                kubelet_root = workdir / "kubelet"
+                kubelet = netns.spawn([PY, "-m", "tests.podresources_fake",
+                                       str(kubelet_root / "pod-resources" / "kubelet.sock")],
+                                      deadline_s=DAEMON_DEADLINE_S, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL,
+                                      text=True, cwd=str(ROOT))
+                if kubelet.stdout.readline().strip() != "serving":
+                    raise RuntimeError("the fake kubelet did not start")
+            daemon = Daemon(node, workdir, api.url, args.tracemalloc_frames, kubelet_root=kubelet_root)
             daemon.wait_ready()
         else:
             rec = k.reconciler(caps, lambda: pods)
@@ -460,6 +477,12 @@ def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> No
             daemon.stop()
         if api is not None:
             api.close()
+        if kubelet is not None:
+            try:
+                out.kubelet_calls = int(kubelet.communicate("", timeout=30)[0].split()[-1])
+            except (subprocess.TimeoutExpired, ValueError, IndexError):
+                out.kubelet_calls = None
+            netns.stop(kubelet, 0)
         k.close()
 
 
@@ -519,6 +542,7 @@ def report(res: Result, args) -> dict:
         "memory": memory_summary(res.samples, warm), "samples": res.samples,
         "tracemalloc": res.tracemalloc, "reconciles": res.reconciles, "checks": res.checks,
         "kernel": os.uname().release, "python": sys.version.split()[0],
+        "kubelet_list_calls": res.kubelet_calls,
     }
     return doc
 
@@ -527,7 +551,8 @@ def print_human(doc: dict) -> None:
     m, ch = doc["memory"], doc["checks"]
     print(f"pod churn: {doc['cycles']} cycles, {doc['steady_pods']} steady pods, mode {doc['mode']}, "
           f"order {doc['order']}, tracemalloc frames {doc['tracemalloc_frames']} (kernel {doc['kernel']})")
-    print(f"  duration {doc['duration_s']:.1f} s = {doc['cycles_per_s']:.2f} cycles/s; timeouts {doc['timeouts']}")
+    print(f"  duration {doc['duration_s']:.1f} s = {doc['cycles_per_s']:.2f} cycles/s; timeouts {doc['timeouts']}"
+          + (f"; fake kubelet answered {doc['kubelet_list_calls']} List calls" if doc["kubelet_list_calls"] is not None else ""))
     print(f"  annotated churn pods {doc['annotated_pods']}, annotation changes {doc['annotation_changes']}, "
           f"capped classes churned {ch.get('capped_classes_churned', 0)}; steady pods enforced at the end: "
           f"{ch.get('steady_enforced')}; leftovers of deleted pods: {len(ch.get('leftovers', []))}")
@@ -556,6 +581,9 @@ def print_human(doc: dict) -> None:
               f"{e.get('traced_current', 0) / 1024:.0f} KiB end; net growth {e.get('total_diff', 0) / 1024:+.1f} KiB")
         for g in e.get("top_growth", [])[:8]:
             print(f"    {g['size_diff'] / 1024:+8.1f} KiB {g['count_diff']:+6d} blocks  {' <- '.join(g['where'][:3])}")
+        print("  tracemalloc at the end, by file (allocated after the imports):")
+        for g in e.get("top_size", [])[:10]:
+            print(f"    {g['size'] / 1024:8.1f} KiB {g['count']:6d} blocks  {g['where']}")
     if ch.get("daemon_exit") not in (None, 0):
         print(f"  daemon exit {ch['daemon_exit']}:\n{ch.get('daemon_log_tail', '')}")
 
@@ -574,6 +602,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="no pod carries kubernetes.io/egress-bandwidth (the churn as before per-pod caps)")
     ap.add_argument("--tracemalloc-frames", type=int, default=5, help="0 = no tracemalloc (default 5)")
     ap.add_argument("--no-tracemalloc", dest="tracemalloc_frames", action="store_const", const=0)
+    ap.add_argument("--kubelet", action="store_true",
+                    help="serve a fake kubelet pod-resources socket (empty List): the daemon loads grpc and calls "
+                         "it every reconcile, as on a real node; without it the daemon finds no socket")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep-log", metavar="PATH", help="copy the daemon's log here")
     args = ap.parse_args(argv)
