@@ -77,7 +77,10 @@ while time.monotonic() < t_stop:
     except OSError as e:
         if e.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.EPERM):
             raise
-print(n)
+# And when its last sendto returned, from t0: UDP's sendto runs the egress qdisc (and the stamper) before it
+# returns, so no packet of this sender was stamped later. A sender descheduled in its last sendto stamps
+# past t_stop; the bounds in tests/kernel/test_edt.py use this, not t_stop.
+print(n, time.monotonic() - t0)
 """
 
 RECEIVER = r"""
@@ -265,7 +268,9 @@ def traffic(bed: Bed, flows: list[tuple], duration: float, size: int = DATAGRAM,
             p.stdin = None  # communicate() must not flush it again
         if on_start is not None:
             on_start(t0)
-        sent = [int(finish(s, PROC_DEADLINE_S).strip().splitlines()[-1] or 0) for s in senders]
+        last = [(finish(s, PROC_DEADLINE_S).strip().splitlines() or ["0 0"])[-1].split() for s in senders]
+        sent = [int(x[0]) for x in last]
+        until = [float(x[1]) if len(x) > 1 else 0.0 for x in last]
         out = json.loads(finish(rx, PROC_DEADLINE_S).splitlines()[-1])
     finally:
         for p in [rx, *senders]:
@@ -273,6 +278,7 @@ def traffic(bed: Bed, flows: list[tuple], duration: float, size: int = DATAGRAM,
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     out["sent"] = sent
+    out["sent_until_s"] = until  # per sender: its last sendto's return, seconds from t0
     return out
 
 
@@ -333,6 +339,7 @@ def isolation(bed: Bed, cfg, rec, dataplane: str, alone_s: float = 3.0, both_s: 
         "bronze_both_mbit": mbit(bronze, alone_s + settle, end),
         "convergence_s": conv,
         "sent": res["sent"], "packets": res["packets"],
+        "bronze_until_s": res["sent_until_s"][0], "gold_until_s": res["sent_until_s"][1],
         "gold_series_mbit": [round(v, 2) for v in series],
     }
     out["guarantee_gold"] = out["gold_mbit"] / (GOLD["g"] * cap)

@@ -102,6 +102,8 @@ def pod_caps(bed: Bed, alone_s: float = 3.0, both_s: float = 4.0) -> dict:
     settle = 1.0
     out.update({
         "sent": res["sent"], "packets": res["packets"],
+        "capped_until_s": res["sent_until_s"][0], "mate_until_s": res["sent_until_s"][1],
+        "bronze_until_s": res["sent_until_s"][2],
         # What the pass/fail tests check: bytes against what the stamps allow, and against each other.
         "capped_bytes": sum(capped.values()), "mate_bytes": sum(mate.values()),
         "bronze_bytes": sum(bronze.values()),
