@@ -10,6 +10,7 @@ import threading
 import time
 
 import psutil
+import pytest
 
 from tests.routed_pods import Kernel, state_diff
 from tests.storms import KINDS, ConfigMapDir, storm
@@ -66,6 +67,7 @@ def ceil_of_b(bed) -> int | None:
     return c["ceil"] if c else None
 
 
+@pytest.mark.slow  # 8-32 s (--durations, quiet): scripts/test --quick leaves it out
 def test_config_storm_ends_in_last_good_state_equal_to_a_fresh_apply(bed, tmp_path):
     cm = ConfigMapDir(tmp_path / "cm", variant(40))
     daemon = bed.start_daemon(cm.path, "--resync-interval", "60", "--metrics-address", "")
