@@ -54,6 +54,11 @@ class IperfResult:
     samples: list[Sample] = field(default_factory=list)   # receiver-side intervals
     sender_samples: list[Sample] = field(default_factory=list)
     offset: float = 0.0           # when this client started, relative to the scenario
+    # iperf3's end.cpu_utilization_percent: the sender's process (host_total) and the receiver's
+    # (remote_total), in % of one CPU. A sender near 100 % offers what it can, not what it wants: at
+    # 10 Gbit/s on 2 vCPUs that tells a starved sender from a shaper that held it back.
+    sender_cpu_percent: float | None = None
+    receiver_cpu_percent: float | None = None
 
     @property
     def header_bytes(self) -> int:
@@ -70,6 +75,7 @@ class IperfResult:
             "received_bps": self.received_bps, "sent_bps": self.sent_bps,
             "wire_bps": self.wire_bps(), "retransmits": self.retransmits,
             "lost_percent": self.lost_percent, "mss": self.mss, "offset": self.offset,
+            "sender_cpu_percent": self.sender_cpu_percent, "receiver_cpu_percent": self.receiver_cpu_percent,
             "samples": [[round(s.start, 4), round(s.end, 4), round(s.bps)] for s in self.samples],
         }
 
@@ -150,7 +156,14 @@ def parse_iperf(client: str | bytes | dict, server: str | bytes | dict | None = 
         mss=start.get("tcp_mss_default") if protocol == "TCP" else ts.get("blksize"),
         samples=samples or sender_samples,
         sender_samples=sender_samples,
+        sender_cpu_percent=_cpu(end, "host_total"),
+        receiver_cpu_percent=_cpu(end, "remote_total"),
     )
+
+
+def _cpu(end: dict, key: str) -> float | None:
+    v = (end.get("cpu_utilization_percent") or {}).get(key)
+    return float(v) if isinstance(v, (int, float)) else None
 
 
 # ------------------------------------------------------------------ windows

@@ -86,6 +86,7 @@ class TenantFigure:
     sent_bps: float | None = None
     retransmits: int | None = None
     samples: list = field(default_factory=list)
+    sender_cpu_percent: float | None = None  # iperf3's own figure for the sending process (% of one CPU)
 
     def pct_of_guarantee(self, steady: bool = True) -> float | None:
         v = self.steady_wire_bps if steady and self.steady_wire_bps else self.wire_bps
@@ -199,8 +200,9 @@ def _figure(bed: "Bed", short: str, res: IperfResult | FloodResult, settings: Se
         samples = res.samples
         factor = res.wire_bps(1.0)
         proto, streams, goodput = res.protocol, res.streams, res.received_bps
-        sent, retr = res.sent_bps, res.retransmits
+        sent, retr, cpu = res.sent_bps, res.retransmits, res.sender_cpu_percent
     else:
+        cpu = None
         samples = res.samples
         factor = (1448 + 42) / 1448
         proto, streams, goodput, sent, retr = "UDP", 1, res.received_bps, res.sent_bps, None
@@ -211,7 +213,7 @@ def _figure(bed: "Bed", short: str, res: IperfResult | FloodResult, settings: Se
         steady_wire_bps=steady * factor if steady else None,
         max_window_wire_bps=mx * factor if mx else None,
         guarantee_bps=g, limit_bps=lim, wants_guarantee=wants, sent_bps=sent, retransmits=retr,
-        samples=[[round(s.start, 3), round(s.end, 3), round(s.bps)] for s in samples],
+        samples=[[round(s.start, 3), round(s.end, 3), round(s.bps)] for s in samples], sender_cpu_percent=cpu,
     )
 
 

@@ -26,6 +26,11 @@ def test_goodput_is_receiver_side_sum_received():
     assert res.mss == 1448
     # a 1 Gbit/s TBF: goodput can't exceed 1448/1514 of it
     assert 0 < res.received_bps < 1e9 * 1448 / 1514 * 1.02
+    # iperf3's own CPU figures: the sender's process and the receiver's, % of one CPU
+    cpu = client["end"]["cpu_utilization_percent"]
+    assert (res.sender_cpu_percent, res.receiver_cpu_percent) == (cpu["host_total"], cpu["remote_total"])
+    assert res.to_dict()["sender_cpu_percent"] == cpu["host_total"]
+    assert parse_iperf({"end": {}}).sender_cpu_percent is None
 
 
 def test_receiver_samples_come_from_the_server():
