@@ -5,71 +5,45 @@
     sudo .venv/bin/python bench/isolation.py --link 10000 --scenarios pressure --modes shaperd ...
 
 Owns: waiting for the bed's node namespace (``shb-*-node``, testbed/shaperd_bed/topology.py), then
-reading ``tc -s class show`` and ``tc -s qdisc show`` of its uplink (``up-*``) every ``--every``
-seconds, and the next bed's after it goes, until the deadline, one JSON line per sample (its ``ns``): per class its
-bytes, packets, drops, overlimits, backlog, qlen, tokens and ctokens; per leaf qdisc its drops,
-overlimits and backlog.
+reading its uplink's (``up-*``) HTB classes and qdiscs through shaperd's own netlink reader
+(kernel/rtnl.RtnlReader: one socket per bed, no process per sample) every ``--every`` seconds, and
+the next bed's after it goes, until the deadline; one JSON line per sample (with its ``ns``): per
+class its bytes, packets, drops, overlimits, backlog, qlen, lended, borrowed, tokens and ctokens;
+per qdisc its drops, overlimits, backlog and qlen.
 ``--summary`` prints per class the deltas over the run, the largest backlog and the lowest tokens.
-Must not: write to the kernel. Each tc call has a deadline; nothing is left running.
+Must not: write to the kernel. Each read has the reader's deadline; nothing is left running.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
-import subprocess
+import os
 import sys
 import time
 
 
-def _tc(ns: str, *args: str) -> str:
-    # Text, not -j: iproute2 6.1 prints HTB's class stats as text even with -j.
-    r = subprocess.run(["tc", "-n", ns, "-s", *args], capture_output=True, text=True, timeout=5)
-    return r.stdout if r.returncode == 0 else ""
-
-
-_HEAD = re.compile(r"^(class|qdisc) (\S+) (\S+)(?: dev \S+)?(?: (?:parent (\S+)|root))?")
-_SENT = re.compile(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)")
-_BACKLOG = re.compile(r"backlog (\d+)b (\d+)p")
-_LENT = re.compile(r"lended: (\d+) borrowed: (\d+) giants: (\d+)")
-_TOKENS = re.compile(r"tokens: (-?\d+) ctokens: (-?\d+)")
-
-
-def parse_stats(text: str) -> list[dict]:
-    """``tc -s class|qdisc show`` text as one dict per object (the fields this sampler keeps)."""
-    out: list[dict] = []
-    for line in text.splitlines():
-        m = _HEAD.match(line)
-        if m:
-            out.append({"kind": m.group(2), "handle": m.group(3), "parent": m.group(4)})
-            continue
-        if not out:
-            continue
-        cur = out[-1]
-        for rx, keys in ((_SENT, ("bytes", "packets", "drops", "overlimits")), (_BACKLOG, ("backlog", "qlen")),
-                         (_LENT, ("lended", "borrowed", "giants")), (_TOKENS, ("tokens", "ctokens"))):
-            m = rx.search(line)
-            if m:
-                cur.update(zip(keys, map(int, m.groups())))
-    return out
-
-
-def _bed_ns() -> str | None:
-    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=5)
-    names = [ln.split()[0] for ln in r.stdout.splitlines() if ln.strip()]
+def _bed_ns(run_netns: str = "/run/netns") -> str | None:
+    try:
+        names = sorted(os.listdir(run_netns))
+    except OSError:
+        return None
     return next((n for n in names if n.startswith("shb-") and n.endswith("-node")), None)
 
 
-def _uplink(ns: str) -> str | None:
-    r = subprocess.run(["ip", "-n", ns, "-j", "link", "show"], capture_output=True, text=True, timeout=5)
-    links = json.loads(r.stdout or "[]")
-    return next((ln["ifname"] for ln in links if ln.get("ifname", "").startswith("up-")), None)
+def _handle(h: int) -> str:
+    return f"{h >> 16:x}:{h & 0xFFFF:x}"
 
 
-def sample(ns: str, dev: str) -> dict:
-    classes = parse_stats(_tc(ns, "class", "show", "dev", dev))
-    qdiscs = parse_stats(_tc(ns, "qdisc", "show", "dev", dev))
+def sample(reader, ifindex: int, dev: str) -> dict:
+    classes = [{"handle": _handle(c.classid), "parent": _handle(c.parent), "bytes": c.bytes, "packets": c.packets,
+                "drops": c.drops, "overlimits": c.overlimits, "backlog": c.backlog_bytes, "qlen": c.qlen,
+                "lended": c.lends, "borrowed": c.borrows, "tokens": c.tokens, "ctokens": c.ctokens}
+               for c in reader.htb_classes(ifindex, dev)]
+    qdiscs = [{"handle": _handle(q.handle), "kind": q.kind, "parent": _handle(q.parent),
+               **({"drops": q.counters.drops, "overlimits": q.counters.overlimits,
+                   "backlog": q.counters.backlog_bytes, "qlen": q.counters.qlen} if q.counters else {})}
+              for q in reader.qdiscs(ifindex, dev)]
     return {"t": time.monotonic(), "classes": classes, "qdiscs": qdiscs}
 
 
@@ -108,27 +82,28 @@ def main(argv=None) -> int:
     if args.summary:
         summary(args.out)
         return 0
+    from shaperd.core.errors import ShaperdError
+    from shaperd.kernel.rtnl import RtnlReader
+
     end = time.monotonic() + args.deadline
-    ns = dev = None
     with open(args.out, "w") as f:
         while time.monotonic() < end:
+            ns = _bed_ns()
             if ns is None:
-                ns = _bed_ns()
-                if ns is None:
-                    time.sleep(0.2)
-                    continue
+                time.sleep(0.2)
+                continue
             try:
-                dev = dev or _uplink(ns)
-                if dev is None:
-                    time.sleep(0.2)
-                    continue
-                f.write(json.dumps({"ns": ns, **sample(ns, dev)}) + "\n")
-                f.flush()
-            except (subprocess.TimeoutExpired, ValueError):
-                pass
-            if _bed_ns() != ns:  # the bed is gone: wait for the next one (a repeat builds a new bed)
-                ns = dev = None
-            time.sleep(args.every)
+                with RtnlReader(ns) as reader:
+                    while time.monotonic() < end:
+                        up = next((ln for ln in reader.links() if ln.name.startswith("up-")), None)
+                        if up is not None:
+                            f.write(json.dumps({"ns": ns, **sample(reader, up.ifindex, up.name)}) + "\n")
+                            f.flush()
+                        time.sleep(args.every)
+                        if _bed_ns() != ns:  # the bed is gone: wait for the next one (a repeat builds a new bed)
+                            break
+            except (ShaperdError, OSError):  # the namespace went between two reads
+                time.sleep(0.2)
     return 0
 
 

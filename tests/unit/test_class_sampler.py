@@ -1,9 +1,10 @@
-"""bench/class_sampler.py reads iproute2's ``tc -s class|qdisc show`` text (6.1 prints HTB's class stats as
-text even with -j): every field it keeps, from a recorded dump."""
+"""bench/class_sampler.py: the summary of a recorded sample file gives, per bed and class, the counters'
+deltas over that bed's samples (counters restart with each bed), the largest backlog and the lowest tokens."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 _SPEC = importlib.util.spec_from_file_location(
@@ -11,37 +12,24 @@ _SPEC = importlib.util.spec_from_file_location(
 sampler = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(sampler)
 
-CLASSES = """class htb 7368:1 root rate 100Gbit ceil 100Gbit burst 12500000b cburst 12500000b 
- Sent 5881224368 bytes 3900112 pkt (dropped 0, overlimits 28338 requeues 0) 
- backlog 0b 0p requeues 0
- lended: 0 borrowed: 0 giants: 0
- tokens: -2591 ctokens: -2591
 
-class htb 7368:7ba9 parent 7368:1 leaf 7ba9: prio 2 rate 2Gbit ceil 10Gbit burst 1600000b cburst 1600000b 
- Sent 1770548697 bytes 1170000 pkt (dropped 3, overlimits 732 requeues 0) 
- backlog 4196266b 63p requeues 0
- lended: 1200 borrowed: 5400 giants: 0
- tokens: -4235 ctokens: -600
-"""
-QDISCS = """qdisc htb 7368: root refcnt 3 r2q 10 default 0x2 direct_packets_stat 0 direct_qlen 1000
- Sent 70 bytes 1 pkt (dropped 0, overlimits 0 requeues 0) 
- backlog 0b 0p requeues 0
-qdisc bfifo 7ba9: parent 7368:7ba9 limit 6250000b
- Sent 1770548697 bytes 1170000 pkt (dropped 3, overlimits 0 requeues 0) 
- backlog 4196266b 63p requeues 0
-"""
+def _row(ns, t, nbytes, drops, backlog, tokens):
+    return {"ns": ns, "t": t, "qdiscs": [], "classes": [
+        {"handle": "7368:10", "bytes": nbytes, "drops": drops, "overlimits": 0, "backlog": backlog, "qlen": 1,
+         "tokens": tokens, "ctokens": tokens}]}
 
 
-def test_class_stats_are_read_from_the_text():
-    root, leaf = sampler.parse_stats(CLASSES)
-    assert root == {"kind": "htb", "handle": "7368:1", "parent": None, "bytes": 5881224368, "packets": 3900112,
-                    "drops": 0, "overlimits": 28338, "backlog": 0, "qlen": 0, "lended": 0, "borrowed": 0,
-                    "giants": 0, "tokens": -2591, "ctokens": -2591}
-    assert (leaf["parent"], leaf["drops"], leaf["backlog"], leaf["qlen"], leaf["borrowed"], leaf["ctokens"]) == (
-        "7368:1", 3, 4196266, 63, 5400, -600)
+def test_summary_is_per_bed_deltas_max_backlog_and_min_tokens(tmp_path, capsys):
+    rows = [_row("shb-a-node", 0.0, 1000, 0, 10, 500), _row("shb-a-node", 1.0, 5000, 2, 4000, -300),
+            _row("shb-b-node", 5.0, 10, 0, 0, 100), _row("shb-b-node", 6.0, 70, 1, 64, 50),
+            {"ns": "shb-c-node", "t": 7.0, "classes": [], "qdiscs": []}]
+    out = tmp_path / "s.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sampler.summary(str(out))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| shb-")]
+    assert lines == ["| shb-a-node (2 samples, 1 s) | 7368:10 | 4,000 | 2 | 0 | 4,000 | 1 | -300 | -300 |",
+                     "| shb-b-node (2 samples, 1 s) | 7368:10 | 60 | 1 | 0 | 64 | 1 | 50 | 50 |"]
 
 
-def test_qdisc_stats_are_read_from_the_text():
-    htb, fifo = sampler.parse_stats(QDISCS)
-    assert (htb["kind"], htb["handle"], htb["parent"]) == ("htb", "7368:", None)
-    assert (fifo["kind"], fifo["parent"], fifo["drops"], fifo["backlog"]) == ("bfifo", "7368:7ba9", 3, 4196266)
+def test_handles_print_as_tc_does():
+    assert sampler._handle(0x73680001) == "7368:1" and sampler._handle(0x7368A2B0) == "7368:a2b0"
