@@ -7,7 +7,8 @@ to a bare ``yaml.load(..., Loader=yaml.CSafeLoader)`` of the same file in the sa
 Owns: writing the files (block and flow style, each tenant with a label match: the largest accepted
 file and one over the limit), and timing in a fresh process each (``/usr/bin/time -f '%e %M'``: wall
 seconds, peak RSS KiB): the bare C load, main's ``shaperd`` (``git archive main`` into a temporary
-directory: "before"; ``--before REF`` for another commit) and this tree's ("after"). Must not: touch the kernel or keep the files.
+directory: "before"; ``--before REF`` for another commit) and this tree's ("after").
+Must not: touch the kernel or keep the files.
 """
 
 from __future__ import annotations

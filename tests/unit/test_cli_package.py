@@ -80,10 +80,10 @@ def test_exit_codes_and_the_error_printer_exist_once():
 
 
 def _modules_after(code: str) -> set[str]:
-    import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-c", f"import sys\n{code}\nprint(' '.join(sys.modules))"],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+
+    from tests import procs
+    out = procs.run([sys.executable, "-c", f"import sys\n{code}\nprint(' '.join(sys.modules))"], timeout_s=120).stdout
     return set(out.split())
 
 

@@ -173,13 +173,14 @@ def test_missing_socket_is_not_available_logged_once(roots):
 
 def test_no_socket_no_grpc(tmp_path):
     """grpc (about 20 MiB of RSS) is loaded only once there is a socket to call."""
-    import subprocess
     import sys
+
+    from tests import procs
     code = ("import sys\nfrom shaperd.core.roots import Roots\n"
             "from shaperd.discovery.podresources.source import PodResourcesSource\n"
             f"src = PodResourcesSource(Roots.of(kubelet={str(tmp_path)!r}), timeout_s=5)\n"
             "print(src.fetch(), src.available, 'grpc' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    out = procs.run([sys.executable, "-c", code], timeout_s=120).stdout
     assert out.strip().splitlines()[-1].split() == ["None", "False", "False"]  # (the log line comes first)
 
 

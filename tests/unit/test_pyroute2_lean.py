@@ -3,13 +3,13 @@ imports every pyroute2 API), and a caller that reads a top-level name still gets
 
 from __future__ import annotations
 
-import subprocess
 import sys
+
+from tests import procs
 
 
 def _run(code: str) -> str:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          check=True).stdout.strip()
+    return procs.run([sys.executable, "-c", code], timeout_s=120).stdout.strip()
 
 
 def test_shaperd_kernel_side_loads_no_pyroute2_api_it_does_not_use():

@@ -154,7 +154,6 @@ class EventBuilder:
         data: Any = {} if tag == _MAP else set()
         if anchor is not None:  # registered before its contents: an alias inside is this object
             self._anchors[anchor] = (data, start.start_mark, 1)
-        seen: dict[Any, None] = {} if tag == _SET else data
         get_event = self.get_event
         while True:
             kev = get_event()
@@ -162,7 +161,7 @@ class EventBuilder:
                 return data
             key = self._value(kev, depth + 1, False)
             try:
-                dup = key in seen
+                dup = key in data  # a dict's keys or a set's members
             except TypeError:  # "? []": a key that cannot be a dict key
                 raise ConstructorError("while constructing a mapping", start.start_mark,
                                        "found an unhashable key", kev.start_mark) from None
@@ -175,7 +174,6 @@ class EventBuilder:
             if tag == _MAP:
                 data[key] = value
             else:
-                seen[key] = None
                 data.add(key)
 
     def _sequence(self, start: Any, depth: int, anchor: str | None, tenants: bool) -> Any:
