@@ -85,10 +85,13 @@ class Server(listen.ThreadedServer):
         self.last_state = None
         self.failed: list[tuple[str, OSError]] = []
         self.failed_event = threading.Event()
+        self.taken = threading.Semaphore(0)  # released once per connection that took its state
         super().__init__(host, port, Hello)
 
     def connection_tls(self):
-        return self.ctx, next(self.states)
+        state = next(self.states)
+        self.taken.release()
+        return self.ctx, state
 
     def handle_connection(self, conn, client_address, state):
         self.last_state = state
@@ -156,6 +159,9 @@ def test_tls_is_served_and_a_client_stalled_in_its_handshake_holds_only_its_own_
     port = s.server_address[1]
     stalled = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)  # connects, never says hello
     try:
+        # Its thread has taken state 1 (each connection's thread takes its own: on a busy machine the next
+        # connection's thread could otherwise take it first).
+        assert s.taken.acquire(timeout=WAIT_S)
         assert get(port, client_ctx) == (200, b"hello 2\n")  # served while the first waits in its handshake
         assert s.failed == []
         stalled.close()  # its handshake fails now, on its own thread: nothing served, the hook told
