@@ -31,18 +31,21 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 
-from pyroute2.iproute import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from shaperd.core import units
 from shaperd.core.pids import pid_alive
 from shaperd.core.inventory import Capabilities
 from shaperd.core.roots import Roots
-from shaperd.kernel import tc as _tc  # noqa: F401 - registers the bfifo codec with pyroute2
+from shaperd.kernel import link, nlwriter
+from shaperd.kernel import tc as _tc  # also registers the bfifo and fq codecs with pyroute2
+from shaperd.kernel.tc import TC_H_ROOT
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,8 @@ class ProgramChecks:
     never imports a backend. A check that is None was not supplied, and what it would decide is
     reported unavailable, with that reason.
 
-    - ``classifier_attach(ipr, ifindex) -> (ok, why)``: the map classifier attaches on a probe device;
+    - ``classifier_attach(w, ifindex) -> (ok, why)``: the map classifier attaches on a probe device (``w``: the
+      probe's kernel/tc.TcWriter; only its ``nlm_request_batch`` is used);
     - ``classifier_load(bpffs_root, read_only) -> (how, why)``: its maps made, the program loaded and got
       back ("pins", "id" or "" when not); ``read_only``: pin nothing, check what pinning would need;
     - ``stamper_load(bpffs_root, read_only) -> (ok, why)``: edt's stamper loads and comes back through pins.
@@ -63,8 +67,8 @@ class ProgramChecks:
     classifier_load: Callable | None = None
     stamper_load: Callable | None = None
 
-    def attach(self, ipr, ifindex: int) -> tuple[bool, str]:
-        return self.classifier_attach(ipr, ifindex) if self.classifier_attach else (False, _NOT_SUPPLIED)
+    def attach(self, w, ifindex: int) -> tuple[bool, str]:
+        return self.classifier_attach(w, ifindex) if self.classifier_attach else (False, _NOT_SUPPLIED)
 
     def load(self, bpffs_root: str | None, read_only: bool = False) -> tuple[str, str]:
         return self.classifier_load(bpffs_root, read_only) if self.classifier_load else ("", _NOT_SUPPLIED)
@@ -314,29 +318,31 @@ def _in_own_netns(box: dict, bpffs_root: str | None = None, checks: ProgramCheck
 
 def _probe(bpffs_root: str | None = None, checks: ProgramChecks = NO_CHECKS, read_only: bool = False) -> Capabilities:
     notes: list[str] = []
-    with IPRoute() as ipr:  # created on this thread: its socket is in the unnamed namespace
-        ipr.link("add", ifname="p0", kind="veth", peer="p1")
-        idx = ipr.link_lookup(ifname="p0")[0]
-        ipr.link("set", index=idx, state="up")
-        htb = _try(lambda: ipr.tc("replace", "htb", idx, 0x10000, default=0x2))
+    # Created on this thread: its socket is in the unnamed namespace. shaperd's own bounded writer
+    # (kernel/nlwriter.py: acked, deadlined), not pyroute2's IPRoute: that module alone is 4.6 MiB of a
+    # long-lived daemon's RSS for a question asked once at start.
+    with _tc.TcWriter(nlwriter.NetlinkWriter(nlwriter.open_rtnl_writer(None), "the probe namespace")) as w:
+        w.nlm_request_batch([link.new_veth("p0", "p1")])
+        idx = socket.if_nametoindex("p0")
+        htb = _try(lambda: _put_qdisc(w, idx, 0x10000, TC_H_ROOT, "htb", _tc.htb_init(2)))
         if not htb:
             notes.append("sch_htb missing: shaperd cannot enforce anything on this kernel")
             return Capabilities(htb=False, u32=False, bpf=False, leaf_kinds=frozenset(), notes=tuple(notes))
-        ipr.tc("add-class", "htb", idx, 0x10002, parent=0x10000, rate="1mbit")
+        w.nlm_request_batch([_tc.msg(_tc.RTM_NEWTCLASS, _tc.F_PUT, idx, 0x10002, 0x10000, kind="htb",
+                                     options=_PROBE_CLASS)])
         leaf = set()
-        for kind, kw in (("fq_codel", {}), ("bfifo", {"limit": 100000})):
-            if _try(lambda: ipr.tc("replace", kind, idx, 0x20000, parent=0x10002, **kw)):
+        for kind, opts in (("fq_codel", None), ("bfifo", {"limit": 100000})):
+            if _try(lambda: _put_qdisc(w, idx, 0x20000, 0x10002, kind, opts)):
                 leaf.add(kind)
-        u32 = _try(lambda: ipr.tc("add-filter", "u32", idx, parent=0x10000, prio=1, protocol=0x0800,
-                                  target=0x10002, keys=["0xc6120000/0xffff0000+12"]))
-        edt_fq, edt_mq = _edt_qdiscs(ipr)
-        idx_off = ipr.link_lookup(ifname="q1")[0]
-        _off_ok, off_why = htb_offload(ipr, idx_off, "veth")
+        u32 = _try(lambda: w.nlm_request_batch([_tc.msg(
+            _tc.RTM_NEWTFILTER, _tc.F_ADD, idx, 0, 0x10000, _tc.info(1, 0x0800), "u32", _PROBE_U32)]))
+        edt_fq, edt_mq = _edt_qdiscs(w)
+        _off_ok, off_why = htb_offload(w, socket.if_nametoindex("q1"), "veth")
         if not _off_ok:
             notes.append(f"{off_why} (probe veth): HTB offload is decided per uplink (discovery/htb_offload.py "
                          "probes each device read-only; backends/htb/offload_plan.py decides)")
         bpf_ok, why, refused = _bpf_verdict("/proc")  # this process's own status: the probe runs on a real kernel
-        attach_ok, maps_why = checks.attach(ipr, idx) if bpf_ok else (False, "cls_bpf unavailable")
+        attach_ok, maps_why = checks.attach(w, idx) if bpf_ok else (False, "cls_bpf unavailable")
     # Attaching works: now how a restarted agent gets the maps back (pins first, else by id). bpf()
     # objects and bpffs belong to no network namespace, so this thread's namespace does not matter.
     how, adopt_why = checks.load(bpffs_root, read_only) if attach_ok else ("", maps_why)
@@ -353,6 +359,21 @@ def _probe(bpffs_root: str | None = None, checks: ProgramChecks = NO_CHECKS, rea
                         bpf_pin_root=(bpffs_root or "") if adopt == "pins" else "", leaf_kinds=frozenset(leaf),
                         notes=tuple(notes), fq=edt_fq, mq=edt_mq,
                         edt_pin_root=(bpffs_root or "") if adopt == "pins" else "", bpf_refused=refused)
+
+
+# The probe's HTB class (1:2 at 1 Mbit/s, what `tc class add ... htb rate 1mbit` makes: buffer and cbuffer
+# of 1600 bytes, quantum 0 = the kernel's rate2quantum) and its u32 filter (198.18.0.0/16 by source).
+_PROBE_RATE_BPS = 1_000_000
+_PROBE_CLASS = {"attrs": [["TCA_HTB_PARMS", {
+    "rate___reserved": 1, "rate": _PROBE_RATE_BPS // 8, "ceil___reserved": 1, "ceil": _PROBE_RATE_BPS // 8,
+    "buffer": units.xmit_ticks(1600, _PROBE_RATE_BPS), "cbuffer": units.xmit_ticks(1600, _PROBE_RATE_BPS),
+    "quantum": 0, "prio": 0}]]}
+_PROBE_U32 = {"attrs": [["TCA_U32_CLASSID", 0x10002],
+                        ["TCA_U32_SEL", {"flags": 1, "keys": ["0xc6120000/0xffff0000+12"]}]]}
+
+
+def _put_qdisc(w, ifindex: int, handle: int, parent: int, kind: str, options) -> None:
+    w.nlm_request_batch([_tc.msg(_tc.RTM_NEWQDISC, _tc.F_PUT, ifindex, handle, parent, kind=kind, options=options)])
 
 
 def sweep_stale(netns_dir: Path) -> list[str]:
@@ -376,29 +397,27 @@ def sweep_stale(netns_dir: Path) -> list[str]:
     return removed
 
 
-def htb_offload(ipr: IPRoute, ifindex: int, device: str) -> tuple[bool, str]:
-    """Try ``htb offload`` as the root of ``device`` (a probe veth: never a node's device). (ok, why not)."""
-    from pyroute2.netlink.rtnl import RTM_NEWQDISC, TC_H_ROOT
-
-    msg = _tc.msg(RTM_NEWQDISC, _tc.F_PUT, ifindex, 0x10000, TC_H_ROOT, kind="htb", options=_tc.htb_init(2, True))
+def htb_offload(w, ifindex: int, device: str) -> tuple[bool, str]:
+    """Try ``htb offload`` as the root of ``device`` (a probe veth: never a node's device) through ``w``
+    (anything with ``nlm_request_batch``: the probe's TcWriter). (ok, why not)."""
+    msg = _tc.msg(_tc.RTM_NEWQDISC, _tc.F_PUT, ifindex, 0x10000, TC_H_ROOT, kind="htb", options=_tc.htb_init(2, True))
     try:
-        ipr.nlm_request_batch([msg])
+        w.nlm_request_batch([msg])
     except NetlinkError as e:
         return False, f"htb offload on {device}: {os.strerror(e.code)}"
-    ipr.tc("del", index=ifindex, handle=0x10000, parent=0xFFFFFFFF)
+    w.nlm_request_batch([_tc.msg(_tc.RTM_DELQDISC, _tc.F_DEL, ifindex, 0x10000, TC_H_ROOT)])
     return True, ""
 
 
-def _edt_qdiscs(ipr: IPRoute) -> tuple[bool, bool]:
+def _edt_qdiscs(w) -> tuple[bool, bool]:
     """(sch_fq, mq) on a veth with 4 TX queues in the probe namespace: what the edt data plane needs."""
-    ipr.link("add", ifname="q0", kind="veth", peer={"ifname": "q1", "num_tx_queues": 4}, num_tx_queues=4)
-    idx = ipr.link_lookup(ifname="q0")[0]
-    mq = _try(lambda: ipr.tc("replace", "mq", idx, 0x73650000))
-    fq = False
+    w.nlm_request_batch([link.new_veth("q0", "q1", num_tx_queues=4)])
+    idx = socket.if_nametoindex("q0")
+    mq = _try(lambda: _put_qdisc(w, idx, 0x73650000, TC_H_ROOT, "mq", None))
     if mq:
-        fq = _try(lambda: ipr.tc("replace", "fq", idx, 0x80010000, parent=0x73650001))
+        fq = _try(lambda: _put_qdisc(w, idx, 0x80010000, 0x73650001, "fq", None))
     else:
-        fq = _try(lambda: ipr.tc("replace", "fq", idx, 0x73650000))
+        fq = _try(lambda: _put_qdisc(w, idx, 0x73650000, TC_H_ROOT, "fq", None))
     return fq, mq
 
 

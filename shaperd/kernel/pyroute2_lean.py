@@ -3,13 +3,14 @@
 ``import pyroute2`` (and so any ``pyroute2.netlink...`` import) runs pyroute2/__init__.py, which imports
 NDB (and sqlite3), IPDB, plan9, conntrack, ipset, ipvs, nl80211, wireguard, ethtool and the rest: 309
 modules and 22.7 MiB of RSS in a fresh interpreter (pyroute2 0.9.7). shaperd uses the netlink message
-classes, the rtnl constants and IPRoute. ``install`` puts a module for the package in sys.modules that
+classes and the rtnl constants (IPRoute only in test helpers: the agent's own writes and reads go through
+kernel/nlwriter.py and kernel/rtnl.py). ``install`` puts a module for the package in sys.modules that
 has the real package's spec and path but has not run its ``__init__``, so ``pyroute2.netlink.*`` and
 ``pyroute2.iproute`` import as usual and nothing else does: the daemon's imports take 6.6 MiB and 80
 modules fewer (40.8 -> 34.2 MiB, 511 -> 431 modules, fresh interpreter). The first read of a
 top-level name that is not a submodule (``pyroute2.NDB``, ``from pyroute2 import X`` in a test or a
 plugin) runs the real ``__init__`` into that module, so code that wants the whole package still
-gets it. shaperd's own code imports from the submodules (``from pyroute2.iproute import IPRoute``).
+gets it. shaperd's own code imports from the submodules (``from pyroute2.netlink.rtnl import ...``).
 
 Called from shaperd/__init__.py, before any module of shaperd imports pyroute2. Does nothing when
 pyroute2 is already imported or not installed.

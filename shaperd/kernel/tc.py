@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from pyroute2.iproute import IPRoute
 from pyroute2.netlink import nla
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
@@ -113,6 +112,8 @@ class TcWriter:
         if name.startswith("_"):
             raise AttributeError(name)
         if self._ipr is None:
+            from pyroute2.iproute import IPRoute  # test helpers only: the agent never loads it (4.6 MiB)
+
             with netns_mod.entered(self.netns, self.run_root):
                 self._ipr = IPRoute()
         return getattr(self._ipr, name)
