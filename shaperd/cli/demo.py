@@ -17,6 +17,17 @@ BED_MISSING = ("shaperd demo: the test bed is not installed; it is a separate di
                "pip install ./testbed, or run sudo ./scripts/demo")
 
 
+HELP = "build a namespace test bed and measure isolation (root)"
+
+
+def register_stub(sub) -> None:
+    """The command's line in ``shaperd --help`` without importing the bed (cli/main.py builds it whole only
+    when the command line says ``demo``): the bed's parser costs a daemon 1.2 MiB of RSS it never uses."""
+    p = sub.add_parser("demo", help=HELP, prefix_chars="\0", add_help=False)
+    p.add_argument("bed_args", nargs="*")
+    p.set_defaults(fn=cmd_demo)
+
+
 def register(sub) -> None:
     try:
         from shaperd_bed import demo  # the separate shaperd-testbed distribution, imported only here
@@ -27,7 +38,7 @@ def register(sub) -> None:
                            "pip install ./testbed)", prefix_chars="\0", add_help=False)
         p.add_argument("bed_args", nargs="*")
     else:
-        p = sub.add_parser("demo", help="build a namespace test bed and measure isolation (root)")
+        p = sub.add_parser("demo", help=HELP)
         demo.add_arguments(p)
     p.set_defaults(fn=cmd_demo)
 

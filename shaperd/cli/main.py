@@ -67,7 +67,10 @@ def _subparsers(p: argparse.ArgumentParser):
 # Commands whose parse needs every group's whole tree. Any other command line gets the rdma group's
 # one-line stub instead: its full tree lists every backend's subcommands, so building it imports the
 # engine and all backends (0.4 s of a 2 s `shaperd apply`, and seconds of `shaperd status` under TCG).
+# Likewise demo's: its tree is the test bed's (shaperd_bed.demo and its scenarios), 1.2 MiB of a
+# daemon's RSS where the bed is installed (a developer's venv; never the image).
 FULL_TREE = frozenset({"rdma", "completion"})
+FULL_DEMO = frozenset({"demo", "completion"})
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -80,9 +83,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     ap.set_defaults(root_parser=ap)  # for `completion`, which prints a script made from this parser
     sub = ap.add_subparsers(dest="cmd", required=True)
     whole = argv is None or not FULL_TREE.isdisjoint(argv)
+    whole_demo = argv is None or not FULL_DEMO.isdisjoint(argv)
     for group in GROUPS:
         if group is rdma and not whole:
             rdma.register_stub(sub)
+        elif group is demo and not whole_demo:
+            demo.register_stub(sub)
         else:
             group.register(sub)
     for p in _subparsers(ap):
