@@ -26,7 +26,7 @@ put its mark program on the veth and its address filters on up0; deletes it
 CNI and the API server race in real clusters) and waits until its filters are
 gone. RSS, open fds and threads of the daemon are sampled every 50 cycles;
 tracemalloc runs inside the daemon (a wrapper started as this file with
-``--daemon-child``) and its top growth between the end of the warm-up (first
+bench/churn_daemon.py) and its top growth between the end of the warm-up (first
 50 cycles) and the end is reported. ``--mode inprocess``: the same cycles
 through a Reconciler in this process fed a mutable pod list (test_pods.py's
 way), memory of this process; it isolates the reconcile path from the
@@ -58,7 +58,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -123,79 +122,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ itself,
 from _signals import sigterm_as_exit  # noqa: E402
 
 
-# ------------------------------------------------------------------ the daemon (and its tracemalloc wrapper)
-
-
-def daemon_child(argv: list[str]) -> int:
-    """Run as ``pod_churn.py --daemon-child FRAMES -- <shaperd args>``: tracemalloc (FRAMES > 0), a stdin
-    command thread ("base" / "snap PATH"), then shaperd's CLI in the main thread."""
-    import faulthandler
-    import tracemalloc
-
-    faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid>: every thread's stack into the log
-    frames = int(argv[0])
-    args = argv[argv.index("--") + 1:]
-    # Import first: compiling modules under tracemalloc is very slow, and imports are not the churn.
-    import importlib
-
-    from shaperd.cli.main import main
-
-    for mod in ("shaperd.daemon.service", "shaperd.engine.reconciler", "shaperd.discovery.kubernetes", "shaperd.kernel.events",
-                "shaperd.kernel.bpf", "shaperd.kernel.rtnl", "shaperd.kernel.probe", "shaperd.report.metrics",
-                "shaperd.report.http", "shaperd.report.sampler", "shaperd.discovery.kubernetes.transport",
-                "shaperd.discovery.kubernetes.watchstream", "prometheus_client"):
-        importlib.import_module(mod)
-
-    if frames > 0:
-        tracemalloc.start(frames)
-    holder: dict = {}
-
-    def snapshot():
-        return tracemalloc.take_snapshot().filter_traces((
-            tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
-            tracemalloc.Filter(False, "<unknown>")))
-
-    def commands():
-        for line in sys.stdin:
-            cmd, _, arg = line.strip().partition(" ")
-            out: dict = {"rss": _self_rss()}
-            if frames > 0:
-                import gc
-
-                gc.collect()
-                cur, peak = tracemalloc.get_traced_memory()
-                out.update(traced_current=cur, traced_peak=peak)
-                if cmd == "base":
-                    holder["base"] = snapshot()
-                elif cmd == "snap":
-                    snap = snapshot()
-                    base = holder.get("base")
-                    if base is not None:
-                        stats = snap.compare_to(base, "traceback")
-                        out["top_growth"] = [
-                            {"size_diff": s.size_diff, "count_diff": s.count_diff, "size": s.size, "count": s.count,
-                             "where": [f"{fr.filename.replace(str(ROOT) + '/', '')}:{fr.lineno}"
-                                       for fr in s.traceback][:frames]}
-                            for s in stats[:12]]
-                        out["total_diff"] = sum(s.size_diff for s in stats)
-                    # Where the traced memory is at the end (allocated since tracing started: after the imports).
-                    out["top_size"] = [{"size": s.size, "count": s.count,
-                                        "where": s.traceback[0].filename.replace(str(ROOT) + "/", "")}
-                                       for s in snap.statistics("filename")[:12]]
-            if arg:
-                tmp = arg + ".tmp"
-                with open(tmp, "w") as f:
-                    json.dump(out, f)
-                os.replace(tmp, arg)
-
-    threading.Thread(target=commands, name="bench-tracemalloc", daemon=True).start()
-
-    return main(args)
-
-
-def _self_rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+# ------------------------------------------------------------------ the daemon (bench/churn_daemon.py wraps it)
 
 
 class Daemon:
@@ -219,7 +146,9 @@ class Daemon:
             args += ["--kubelet-root", str(kubelet_root)]
         # Own process group, SIGKILLed if the benchmark dies (a killed run leaves no daemon behind:
         # pyroute2 would even re-create its deleted namespace) or passes the deadline.
-        self.proc = netns.spawn([PY, str(Path(__file__).resolve()), "--daemon-child", str(tracemalloc_frames),
+        # The wrapper is a script of its own that imports only shaperd: this module's imports (the bed,
+        # tests.routed_pods, urllib, statistics) would otherwise be counted as the daemon's memory.
+        self.proc = netns.spawn([PY, str(Path(__file__).resolve().with_name("churn_daemon.py")), str(tracemalloc_frames),
                                  "--", *args], deadline_s=DAEMON_DEADLINE_S,
                                 stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT)
         import psutil
@@ -246,6 +175,10 @@ class Daemon:
         m = self.ps.memory_full_info()
         return {"rss": m.rss, "uss": m.uss, "fds": self.ps.num_fds(), "threads": self.ps.num_threads(),
                 "children": len(self.ps.children(recursive=True))}
+
+    def mappings(self, top: int = 12) -> list[dict]:
+        """The daemon's RSS by mapping (/proc/PID/smaps): each file (a library, a .so) and the anonymous rest."""
+        return rss_by_mapping(Path(f"/proc/{self.proc.pid}/smaps").read_text(), top)
 
     def command(self, cmd: str, timeout: float = 60.0) -> dict:
         self._snaps += 1
@@ -301,6 +234,7 @@ class Result:
     checks: dict = field(default_factory=dict)
     reconciles: dict = field(default_factory=dict)
     kubelet_calls: int | None = None  # --kubelet: List calls the fake kubelet answered
+    mappings: list[dict] = field(default_factory=list)  # the daemon's RSS by mapping at the end
 
 
 def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> None:
@@ -464,6 +398,7 @@ def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> No
             out.reconciles = {"count": len(recs), "duration_ms": summary(durs),
                               "with_changes": sum(1 for r in recs if r.get("changes")),
                               "not_ok": sum(1 for r in recs if not r.get("ok", True))}
+            out.mappings = daemon.mappings()
             rc = daemon.stop()
             out.checks["daemon_exit"] = rc
             if rc != 0:
@@ -484,6 +419,22 @@ def churn(args, node: str, pods_ns: str, caps, workdir: Path, out: Result) -> No
                 out.kubelet_calls = None
             netns.stop(kubelet, 0)
         k.close()
+
+
+def rss_by_mapping(smaps: str, top: int = 12) -> list[dict]:
+    """Rss per mapped file from smaps text; anonymous mappings and [heap] together as "anonymous"."""
+    by: dict[str, int] = {}
+    name = ""
+    for line in smaps.splitlines():
+        head = line.split(None, 5)
+        if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's header line
+            path = head[5].strip() if len(head) == 6 else ""
+            name = path.replace(str(ROOT) + "/", "") if path.startswith("/") else "anonymous"
+        elif line.startswith("Rss:"):
+            by[name] = by.get(name, 0) + int(line.split()[1]) * 1024
+    rows = sorted(by.items(), key=lambda kv: -kv[1])
+    return [{"mapping": k, "rss": v} for k, v in rows[:top]] + [
+        {"mapping": f"({len(rows) - top} more)", "rss": sum(v for _, v in rows[top:])}]
 
 
 _TM: dict = {}
@@ -542,7 +493,7 @@ def report(res: Result, args) -> dict:
         "memory": memory_summary(res.samples, warm), "samples": res.samples,
         "tracemalloc": res.tracemalloc, "reconciles": res.reconciles, "checks": res.checks,
         "kernel": os.uname().release, "python": sys.version.split()[0],
-        "kubelet_list_calls": res.kubelet_calls,
+        "kubelet_list_calls": res.kubelet_calls, "rss_by_mapping": res.mappings,
     }
     return doc
 
@@ -584,14 +535,16 @@ def print_human(doc: dict) -> None:
         print("  tracemalloc at the end, by file (allocated after the imports):")
         for g in e.get("top_size", [])[:10]:
             print(f"    {g['size'] / 1024:8.1f} KiB {g['count']:6d} blocks  {g['where']}")
+    if doc["rss_by_mapping"]:
+        print("  daemon RSS at the end by mapping (/proc/PID/smaps):")
+        for m in doc["rss_by_mapping"]:
+            print(f"    {m['rss'] / 2**20:6.1f} MiB  {m['mapping']}")
     if ch.get("daemon_exit") not in (None, 0):
         print(f"  daemon exit {ch['daemon_exit']}:\n{ch.get('daemon_log_tail', '')}")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--daemon-child":
-        return daemon_child(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=1000)
     ap.add_argument("--steady", type=int, default=20, help="pods present the whole run (default 20)")
