@@ -92,7 +92,7 @@ def _skip_without_bpf():
         pytest.skip("cls_bpf not available: no mark programs on this kernel")
 
 
-@pytest.mark.slow  # 8-32 s (--durations, quiet): scripts/test --quick leaves it out
+@pytest.mark.slow  # 8-35 s (--durations, quiet)
 def test_enforcement_holds_through_api_faults_and_recovers(bed, tmp_path, api):
     _skip_without_bpf()
     daemon, log, steady, pods_ns = start(bed, tmp_path, api)
@@ -221,7 +221,7 @@ def _free_port() -> int:
     return port
 
 
-@pytest.mark.slow  # 8-32 s (--durations, quiet): scripts/test --quick leaves it out
+@pytest.mark.slow  # 8-35 s (--durations, quiet)
 def test_bad_annotations_and_ingress_blocks_leave_the_others_alone(bed, tmp_path, api):
     """Pods with refused bandwidth annotations (random quantities, garbage, huge strings, non-strings): the
     daemon goes on, each refused value is logged once across many reconciles and counted once, with its

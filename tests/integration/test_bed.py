@@ -354,7 +354,7 @@ def test_demo_interrupted_leaves_nothing(sig):
         assert not _alive(pid), f"process {pid} of the demo survived"
 
 
-@pytest.mark.slow  # 8-32 s (--durations, quiet): scripts/test --quick leaves it out
+@pytest.mark.slow  # 8-35 s (--durations, quiet)
 def test_demo_json_short_run():
     import json
 

@@ -67,7 +67,7 @@ def ceil_of_b(bed) -> int | None:
     return c["ceil"] if c else None
 
 
-@pytest.mark.slow  # 8-32 s (--durations, quiet): scripts/test --quick leaves it out
+@pytest.mark.slow  # 8-35 s (--durations, quiet)
 def test_config_storm_ends_in_last_good_state_equal_to_a_fresh_apply(bed, tmp_path):
     cm = ConfigMapDir(tmp_path / "cm", variant(40))
     daemon = bed.start_daemon(cm.path, "--resync-interval", "60", "--metrics-address", "")

@@ -132,7 +132,7 @@ def test_410_loop_relists_at_a_backed_off_pace_not_in_a_hot_loop(api, watcher):
     assert 1 <= relists <= len(rec.delays) + 2, (relists, rec.delays)
 
 
-@pytest.mark.slow  # 8-32 s (--durations, quiet): scripts/test --quick leaves it out
+@pytest.mark.slow  # 8-35 s (--durations, quiet)
 def test_slow_server_answers_late_but_the_cache_is_served_meanwhile(api, watcher):
     pods = known(api)
     w, rec = watcher(request_timeout_s=30.0)

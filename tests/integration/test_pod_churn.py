@@ -55,7 +55,7 @@ def _annotate(api, pod: PodSpec, value: str | None) -> None:
     api.modify_pod(pod.uid, fn)
 
 
-@pytest.mark.slow  # 8-32 s (--durations, quiet): scripts/test --quick leaves it out
+@pytest.mark.slow  # 8-35 s (--durations, quiet)
 def test_churn_ends_in_the_state_a_fresh_start_makes(bed, tmp_path, api):
     caps = probe_capabilities()  # before any netlink socket of ours is open
     if not caps.bpf:

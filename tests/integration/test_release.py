@@ -47,7 +47,7 @@ def gnupghome():
         shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.mark.slow  # 8-32 s (--durations, quiet): scripts/test --quick leaves it out
+@pytest.mark.slow  # 8-35 s (--durations, quiet)
 def test_a_signed_bundle_verifies_and_installs_offline_with_hashes_then_rolls_back(tmp_path, gnupghome):
     repo = tmp_path / "repo"
     git(tmp_path, "clone", "-q", str(ROOT), str(repo))

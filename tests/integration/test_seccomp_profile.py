@@ -20,7 +20,7 @@ pytestmark = [needs_root, pytest.mark.skipif(not shutil.which("strace") or not s
                                              reason="needs strace and setpriv (scripts/setup installs strace)")]
 
 
-@pytest.mark.slow  # 8-32 s (--durations, quiet): scripts/test --quick leaves it out
+@pytest.mark.slow  # 8-35 s (--durations, quiet)
 def test_every_call_the_agent_made_is_allowed_by_the_profile(tmp_path):
     g = gen()
     made = g.trace(work=tmp_path)

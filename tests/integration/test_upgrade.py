@@ -66,7 +66,7 @@ def _phase(bed: ub.UpgradeBed, sampler: ub.Sampler, rel: ub.Release) -> dict:
             "families": set().union(*map(ub.families, scrapes)), "exit": code, "log": log[-3000:]}
 
 
-@pytest.mark.slow  # 8-32 s (--durations, quiet): scripts/test --quick leaves it out
+@pytest.mark.slow  # 8-35 s (--durations, quiet)
 @needs_root
 def test_upgrade_n_minus_1_to_n_and_back_holds_enforcement_with_traffic():
     bed = ub.UpgradeBed(f"shu{os.getpid() % 100000}")  # N-1's wheel and install: in its work dir

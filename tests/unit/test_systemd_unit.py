@@ -55,7 +55,7 @@ def test_exposure_is_at_most_2():
     assert float(m.group(1)) <= MAX_EXPOSURE, r.stdout
 
 
-@pytest.mark.slow  # 8-32 s (--durations, quiet): scripts/test --quick leaves it out
+@pytest.mark.slow  # 8-35 s (--durations, quiet)
 @needs_analyze
 def test_installed_into_a_temporary_tree_the_unit_verifies_and_its_command_runs(tmp_path):
     prefix, units, conf = tmp_path / "opt" / "shaperd", tmp_path / "units", tmp_path / "etc" / "shaperd"
