@@ -14,10 +14,12 @@ Typical: 3 repeats x 8 s = about 12 min.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -39,8 +41,9 @@ def _stat(vals: list[float | None], nd: int = 1, unit: str = "") -> str:
     return f"{s['mean']:.{nd}f}{unit} ± {s['stdev']:.{nd}f} ({s['min']:.{nd}f}..{s['max']:.{nd}f})"
 
 
-def one_round(link_mbit: int, settings: Settings, scenarios, modes, log) -> list[dict]:
-    with Bed(BedConfig(link_mbit=link_mbit)) as bed:
+def one_round(link_mbit: int, settings: Settings, scenarios, modes, log, *, traffic_nice: int | None = None,
+              sender_cpus: tuple[int, ...] = ()) -> list[dict]:
+    with Bed(BedConfig(link_mbit=link_mbit, traffic_nice=traffic_nice, sender_cpus=sender_cpus)) as bed:
         log(f"bed {bed.run_id}")
         res = run_all(bed, settings, scenarios=scenarios, modes=modes, progress=log)
     return [r.to_dict() for r in res]
@@ -109,6 +112,57 @@ def detail_table(rounds: list[list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def cpu_table(rounds: list[list[dict]]) -> str:
+    """Where the CPU went in each scenario's last measurement, and what each sender offered and got."""
+    keys = [f"{d['scenario']}/{d['mode']}" for d in rounds[0]]
+    lines = ["| scenario | mode | machine busy % | softirq % | steal % | ksoftirqd CPU s | A sender CPU % | "
+             "B sender CPU % | A sent / got Mbit/s | B sent / got Mbit/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for key in keys:
+        ds = [report.index(r).get(key) for r in rounds]
+        ds = [d for d in ds if d and not d.get("error") and d.get("cpu")]
+        if not ds:
+            continue
+        sc, mode = key.split("/")
+
+        def c(f):
+            return [d["cpu"].get("cpu", {}).get(f) for d in ds]
+
+        def t(k, f, scale=1.0):
+            return [d["tenants"][k][f] / scale if k in d["tenants"] and d["tenants"][k].get(f) is not None
+                    else None for d in ds]
+
+        lines.append(f"| {sc} | {mode} | {_stat(c('busy'), 0)} | {_stat(c('softirq'), 0)} | {_stat(c('steal'), 1)} | "
+                     f"{_stat([d['cpu'].get('ksoftirqd_s') for d in ds], 2)} | "
+                     f"{_stat(t('a', 'sender_cpu_percent'), 0)} | {_stat(t('b', 'sender_cpu_percent'), 0)} | "
+                     f"{_stat(t('a', 'sent_bps', 1e6), 0)} / {_stat(t('a', 'goodput_bps', 1e6), 0)} | "
+                     f"{_stat(t('b', 'sent_bps', 1e6), 0)} / {_stat(t('b', 'goodput_bps', 1e6), 0)} |")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def busy_loops(n: int, deadline_s: float):
+    """*n* CPU-bound processes (``sh -c 'while :; do :; done'``) for the block: a busy day, reproducibly.
+
+    Each in its own process group under ``timeout``; ended by process group id, also on error.
+    """
+    procs = [subprocess.Popen(["timeout", str(int(deadline_s)), "sh", "-c", "while :; do :; done"],
+                              start_new_session=True) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=10)
+
+
+def loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
 def sweep_table(by_cap: dict[float, list[list[dict]]]) -> str:
     lines = ["| shaperd node.capacity | worst guarantee % (sc. 3-5) | total goodput vs single tenant % | "
              "worst 1 s over limit % | wire TBF drops (sc. 3-5) | B ping p99 (sc. 7) |", "|---|---|---|---|---|---|"]
@@ -138,6 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--json-out", help="also write every raw result here")
+    ap.add_argument("--flood-flows", type=int, default=Settings.flood_flows,
+                    help=f"flows of the flooding tenant in pressure/converge/latency (default {Settings.flood_flows})")
+    ap.add_argument("--victim-flows", type=int, default=Settings.victim_flows,
+                    help=f"flows of the other tenant there (default {Settings.victim_flows})")
+    ap.add_argument("--traffic-nice", type=int, default=None, metavar="N",
+                    help="run every traffic process at nice N (e.g. -15): the bed, not other load, gets the CPU")
+    ap.add_argument("--pin-senders", default="", metavar="CPUS",
+                    help="pin tenant i's senders to the i-th CPU of this comma-separated list (e.g. 0,1)")
+    ap.add_argument("--busy-loops", type=int, default=0, metavar="N",
+                    help="keep N CPU-bound loops running for the whole run (a busy machine, reproducibly)")
     a = ap.parse_args(argv)
     problems = shaping.prerequisites()
     if problems:
@@ -155,14 +219,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
     by_cap: dict = {}
-    for cap in caps:
-        rounds = []
-        for i in range(a.repeats):
-            log(f"capacity {cap and cap / 1e6} round {i + 1}/{a.repeats}")
-            # the sweep only changes shaperd's rows: run the others once per round at the first capacity
-            m = modes if cap == caps[0] else tuple(x for x in modes if x in ("shaperd", "none"))
-            rounds.append(one_round(a.link, Settings(duration=a.duration, capacity_bps=cap), scenarios, m, log))
-        by_cap[cap if cap else a.link * 1e6] = rounds
+    pins = tuple(int(x) for x in a.pin_senders.split(",") if x.strip())
+    loads: list[str] = []
+    with busy_loops(a.busy_loops, deadline_s=4 * 3600):
+        for cap in caps:
+            rounds = []
+            for i in range(a.repeats):
+                loads.append(loadavg())
+                log(f"capacity {cap and cap / 1e6} round {i + 1}/{a.repeats} (load {loads[-1]})")
+                # the sweep only changes shaperd's rows: run the others once per round at the first capacity
+                m = modes if cap == caps[0] else tuple(x for x in modes if x in ("shaperd", "none"))
+                st = Settings(duration=a.duration, capacity_bps=cap, flood_flows=a.flood_flows,
+                              victim_flows=a.victim_flows)
+                rounds.append(one_round(a.link, st, scenarios, m, log, traffic_nice=a.traffic_nice,
+                                        sender_cpus=pins))
+            by_cap[cap if cap else a.link * 1e6] = rounds
+        loads.append(loadavg())
     shown = tuple(m for m in ("shaperd", "hand-tc") if m in modes)
     first = next(iter(by_cap.values()))
     cmd = " ".join(shlex.quote(x) for x in ["python3", "bench/isolation.py", *(argv if argv is not None else sys.argv[1:])])
@@ -174,10 +246,14 @@ def main(argv: list[str] | None = None) -> int:
            f"{a.repeats} round(s), {a.duration:g} s per measurement; {os.cpu_count()} cores, Linux "
            f"{platform.release()}, {iperf}. Figures are mean ± stdev (min..max) over rounds.  ",
            f"Single unshaped tenant through the bed: {_stat(single, 0)} Mbit/s goodput "
-           f"({a.link} Mbit/s TBF; TCP payload is at most 1448/1514 = 95.6 % of it).", "",
+           f"({a.link} Mbit/s TBF; TCP payload is at most 1448/1514 = 95.6 % of it).  ",
+           f"Load average (1/5/15 min) at each round's start and at the end: {'; '.join(loads)}; "
+           f"busy loops: {a.busy_loops}; traffic nice: {a.traffic_nice}; senders pinned: {a.pin_senders or 'no'}.", "",
            "Source design's table (tenant % = goodput vs the same tenant alone unshaped; link % = goodput / link):", "",
            source_table(first, shown), "", "Targets (L2 rate as tc accounts it):", "", targets_table(first, shown), "",
-           "Per scenario (G = guarantee, L = limit):", "", detail_table(first)]
+           "Per scenario (G = guarantee, L = limit):", "", detail_table(first), "",
+           "CPU in each scenario's last measurement (machine: % of all CPUs' time; senders: iperf3's own figure, "
+           "% of one CPU):", "", cpu_table(first)]
     if len(by_cap) > 1:
         out += ["", "shaperd node.capacity vs the fixed link (headroom):", "", sweep_table(by_cap)]
     print("\n".join(out))

@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from . import shaping
+from . import cpustat, shaping
 from .parse import (IperfResult, RttStats, convergence_time, first_reach, max_window_rate, mean_rate)
 from .traffic import FloodResult, RttProbe, TcpLoad, UdpFlood, measure
 
@@ -114,6 +114,7 @@ class ScenarioResult:
     elapsed_s: float = 0.0
     error: str | None = None
     qdiscs: dict[str, Any] = field(default_factory=dict)  # uplink/wire counter deltas
+    cpu: dict[str, Any] = field(default_factory=dict)  # cpustat.delta over the measurement(s): per CPU and "cpu"
 
     @property
     def key(self) -> str:
@@ -178,13 +179,27 @@ class Shaper:
         raise ValueError(f"unknown mode {mode!r}")
 
 
-def _measure(bed: "Bed", loads, name: str, qdiscs: dict) -> dict:
-    """measure() plus where the queue formed (uplink vs wire qdisc counters)."""
+@dataclass
+class Counters:
+    """What a scenario's measurements leave beside the traffic figures.
+
+    ``qdiscs``: the uplink and wire qdiscs' counter deltas, summed over its measurements;
+    ``cpu``: :func:`.cpustat.delta` of its last measurement (the one with every tenant sending).
+    """
+
+    qdiscs: dict = field(default_factory=dict)
+    cpu: dict = field(default_factory=dict)
+
+
+def _measure(bed: "Bed", loads, name: str, q: Counters) -> dict:
+    """measure() plus where the queue formed (uplink vs wire qdisc counters) and where the CPU went."""
     before = shaping.qdisc_counters(bed)
+    c0 = cpustat.snapshot()
     r = measure(bed, loads, name=name)
+    q.cpu = cpustat.delta(c0, cpustat.snapshot())
     after = shaping.qdisc_counters(bed)
     for dev, c in shaping.counters_delta(before, after).items():
-        acc = qdiscs.setdefault(dev, {"kind": c["kind"], "bytes": 0, "packets": 0, "drops": 0, "overlimits": 0})
+        acc = q.qdiscs.setdefault(dev, {"kind": c["kind"], "bytes": 0, "packets": 0, "drops": 0, "overlimits": 0})
         for f in ("bytes", "packets", "drops", "overlimits"):
             acc[f] += c[f]
     return r
@@ -227,43 +242,44 @@ def _limits_for(bed: "Bed", settings: Settings, raised: bool) -> dict[str, float
 # --------------------------------------------------------------- scenarios
 def run_alone(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResult:
     figs: dict[str, TenantFigure] = {}
-    q: dict = {}
+    q = Counters()
     flows = {"a": s.flows_a, "b": s.flows_b}
     with shaper.mode(bed, mode, s) as applied:
         for t in bed.config.tenants:
             r = _measure(bed, [TcpLoad(t.short, flows.get(t.short, 4), s.duration, interval=s.interval)],
                          f"alone-{t.short}-{mode}", q)
             figs[t.short] = _figure(bed, t.short, r[t.short], s, None, False, mode != "none")
-    return ScenarioResult("alone", mode, "each tenant alone", bed.link_bps, figs, shaping=applied, qdiscs=q)
+    return ScenarioResult("alone", mode, "each tenant alone", bed.link_bps, figs, shaping=applied,
+                          qdiscs=q.qdiscs, cpu=q.cpu)
 
 
 def run_together(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResult:
-    q: dict = {}
+    q = Counters()
     with shaper.mode(bed, mode, s) as applied:
         r = _measure(bed, [TcpLoad("a", s.flows_a, s.duration, interval=s.interval),
                           TcpLoad("b", s.flows_b, s.duration, interval=s.interval)], f"together-{mode}", q)
     shaped = mode != "none"
     figs = {k: _figure(bed, k, r[k], s, None, True, shaped) for k in ("a", "b")}
     return ScenarioResult("together", mode, "together, B with 8x A's flows", bed.link_bps, figs,
-                          shaping=applied, qdiscs=q)
+                          shaping=applied, qdiscs=q.qdiscs, cpu=q.cpu)
 
 
 def run_pressure(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResult:
     limits = _limits_for(bed, s, True)
-    q: dict = {}
+    q = Counters()
     with shaper.mode(bed, mode, s, raised=True) as applied:
         r = _measure(bed, [TcpLoad("a", s.flood_flows, s.duration, interval=s.interval),
                           TcpLoad("b", s.victim_flows, s.duration, interval=s.interval)], f"pressure-{mode}", q)
     shaped = mode != "none"
     figs = {k: _figure(bed, k, r[k], s, limits, True, shaped) for k in ("a", "b")}
     return ScenarioResult("pressure", mode, "limits = capacity; A floods with many flows", bed.link_bps,
-                          figs, shaping=applied, qdiscs=q)
+                          figs, shaping=applied, qdiscs=q.qdiscs, cpu=q.cpu)
 
 
 def run_udp(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResult:
     limits = _limits_for(bed, s, True)
     rate = s.udp_factor * bed.link_bps
-    q: dict = {}
+    q = Counters()
     with shaper.mode(bed, mode, s, raised=True) as applied:
         r = _measure(bed, [UdpFlood("a", rate, s.duration, interval=s.interval),
                           TcpLoad("b", s.victim_flows, s.duration, interval=s.interval)], f"udp-{mode}", q)
@@ -272,13 +288,13 @@ def run_udp(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResul
             "b": _figure(bed, "b", r["b"], s, limits, True, shaped)}
     return ScenarioResult("udp", mode, f"A floods UDP at {s.udp_factor:g}x link; B TCP", bed.link_bps, figs,
                           extra={"udp_offered_bps": rate, "udp_sent_bps": r["a-udp"].sent_bps},
-                          shaping=applied, qdiscs=q)
+                          shaping=applied, qdiscs=q.qdiscs, cpu=q.cpu)
 
 
 def run_converge(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResult:
     limits = _limits_for(bed, s, True)
     total = s.converge_lead + s.converge_after
-    q: dict = {}
+    q = Counters()
     with shaper.mode(bed, mode, s, raised=True) as applied:
         r = _measure(bed, [TcpLoad("a", s.flood_flows, total, interval=s.interval),
                           TcpLoad("b", s.victim_flows, s.converge_after, start=s.converge_lead,
@@ -301,12 +317,12 @@ def run_converge(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> Scenario
                                  "threshold_settle": "from then on every 0.5 s average >= 95 % (wire)",
                                  "a_wire_bps_while_b": a_during * factor if a_during else None,
                                  "b_start_offset_s": start_b},
-                          shaping=applied, qdiscs=q)
+                          shaping=applied, qdiscs=q.qdiscs, cpu=q.cpu)
 
 
 def run_latency(bed: "Bed", mode: str, s: Settings, shaper: Shaper, idle: RttStats | None = None
                 ) -> ScenarioResult:
-    q: dict = {}
+    q = Counters()
     with shaper.mode(bed, mode, s) as applied:
         r = _measure(bed, [TcpLoad("a", s.flood_flows, s.duration, interval=s.interval),
                            RttProbe("b", s.duration - 0.5, start=0.5, every=s.probe_every)],
@@ -317,7 +333,7 @@ def run_latency(bed: "Bed", mode: str, s: Settings, shaper: Shaper, idle: RttSta
     if idle is not None:
         extra["idle_rtt"] = idle.to_dict()
     return ScenarioResult("latency", mode, "B's ping RTT while A saturates", bed.link_bps, figs,
-                          extra=extra, shaping=applied, qdiscs=q)
+                          extra=extra, shaping=applied, qdiscs=q.qdiscs, cpu=q.cpu)
 
 
 def idle_rtt(bed: "Bed", s: Settings, seconds: float = 1.0) -> RttStats:

@@ -96,6 +96,13 @@ class BedConfig:
     # Also emulate the link towards the node: the same TBF on the wire's egress to the uplink, so
     # traffic from ``recv`` to the pods (iperf3 -R) crosses a link of the same capacity.
     inbound_link: bool = False
+    # How the traffic processes (iperf3 clients and servers, the UDP flood and its sink, ping) are
+    # scheduled. With other load on the machine the scheduler shares a core between that load and
+    # a sender, which then offers less than it wants: the figures measure the scheduler, not the
+    # shaper. ``traffic_nice`` (e.g. -15) runs them at that nice value; ``sender_cpus`` pins the
+    # i-th tenant's senders to ``sender_cpus[i % len]`` (servers stay unpinned). Off by default.
+    traffic_nice: int | None = None
+    sender_cpus: tuple[int, ...] = ()
 
     def tbf_burst(self) -> int:
         if self.tbf_burst_bytes:
@@ -168,6 +175,17 @@ class Bed:
     def pod_ns(self, tenant: TenantSpec | str) -> str:
         t = tenant if isinstance(tenant, TenantSpec) else self.tenant(tenant)
         return self.ns[f"pod-{t.short}"]
+
+    def traffic_argv(self, argv: list[str], tenant: str | None = None) -> list[str]:
+        """*argv* under the bed's scheduling (``nice``, ``taskset`` for a tenant's sender), as an argument list."""
+        cfg = self.config
+        out = list(argv)
+        if tenant is not None and cfg.sender_cpus:
+            idx = next(i for i, t in enumerate(self.pods) if t.short == tenant)
+            out = ["taskset", "-c", str(cfg.sender_cpus[idx % len(cfg.sender_cpus)]), *out]
+        if cfg.traffic_nice is not None:
+            out = ["nice", "-n", str(int(cfg.traffic_nice)), *out]
+        return out
 
     def namespaces(self) -> list[str]:
         return list(self.ns.values())

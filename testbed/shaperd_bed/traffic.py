@@ -132,7 +132,8 @@ def measure(bed: "Bed", loads: list[Load], *, name: str = "m", slack: float = 20
                 path = os.path.join(d, f"{ld.key}.server.json")
                 f = open(path, "w")
                 opened.append(f)
-                p = bed.procs.spawn([IPERF3, "-s", "-1", "-J", "-p", str(port), "-i", _fmt_num(ld.interval)],
+                p = bed.procs.spawn(bed.traffic_argv([IPERF3, "-s", "-1", "-J", "-p", str(port), "-i",
+                                                      _fmt_num(ld.interval)]),
                                     recv, stdout=f, stderr=subprocess.STDOUT)
                 servers[ld.key] = (p, path)
                 port += 1
@@ -141,9 +142,10 @@ def measure(bed: "Bed", loads: list[Load], *, name: str = "m", slack: float = 20
                 path = os.path.join(d, f"{ld.key}.sink.json")
                 f = open(path, "w")
                 opened.append(f)
-                p = bed.procs.spawn([sys.executable, UDP_SCRIPT, "sink", "--port", str(ports[ld.key]),
-                                     "--time", _fmt_num(ld.start + ld.duration + 1.0),
-                                     "--interval", _fmt_num(ld.interval)], recv, stdout=f,
+                p = bed.procs.spawn(bed.traffic_argv([sys.executable, UDP_SCRIPT, "sink", "--port",
+                                                      str(ports[ld.key]), "--time",
+                                                      _fmt_num(ld.start + ld.duration + 1.0),
+                                                      "--interval", _fmt_num(ld.interval)]), recv, stdout=f,
                                     stderr=subprocess.STDOUT)
                 servers[ld.key] = (p, path)
         for ld in loads:
@@ -179,7 +181,7 @@ def measure(bed: "Bed", loads: list[Load], *, name: str = "m", slack: float = 20
             path = os.path.join(d, f"{ld.key}.{ext}")
             f = open(path, "w")
             opened.append(f)
-            p = bed.procs.spawn(argv, pod, stdout=f, stderr=subprocess.STDOUT)
+            p = bed.procs.spawn(bed.traffic_argv(argv, ld.tenant), pod, stdout=f, stderr=subprocess.STDOUT)
             clients[ld.key] = (p, path, time.monotonic() - t0)
         # 3. wait
         horizon = max((ld.start + ld.duration + getattr(ld, "omit", 0.0)) for ld in loads) + slack
