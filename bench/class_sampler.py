@@ -10,7 +10,12 @@ reading its uplink's (``up-*``) HTB classes and qdiscs through shaperd's own net
 the next bed's after it goes, until the deadline; one JSON line per sample (with its ``ns``): per
 class its bytes, packets, drops, overlimits, backlog, qlen, lended, borrowed, tokens and ctokens;
 per qdisc its drops, overlimits, backlog and qlen.
-``--summary`` prints per class the deltas over the run, the largest backlog and the lowest tokens.
+``--summary`` prints per class the deltas over the run, the largest backlog and the lowest tokens;
+``--per-scenario RESULTS`` (bench/isolation.py's ``--json-out``) cuts the samples at each scenario's
+start and end and prints per scenario, mode and tenant class: the kernel-counted rate and its
+highest 1 s window, drops, overlimits, the largest and mean backlog and the share of samples with
+one. A class with no backlog was not held back by the shaper: what it sent was all its sender
+offered.
 Must not: write to the kernel. Each read has the reader's deadline; nothing is left running.
 """
 
@@ -72,13 +77,75 @@ def summary(path: str) -> None:
                   f"{min(c.get('ctokens') or 0 for c in cs):,} |")
 
 
+def _load(path: str) -> list[dict]:
+    return [json.loads(ln) for ln in open(path) if ln.strip()]
+
+
+def windows(results: dict) -> list[tuple[int, dict, float, float]]:
+    """(round, result, start, end) per scenario result, in monotonic seconds (the sampler's clock).
+
+    Results without ``started_monotonic`` (bench runs before it was recorded) are left out: placing
+    them by elapsed times alone misses the gaps between scenarios.
+    """
+    rounds = [rd for per_cap in results.values() for rd in per_cap]
+    return [(i, d, d["started_monotonic"], d["started_monotonic"] + d.get("elapsed_s", 0.0))
+            for i, rd in enumerate(rounds) for d in rd if d.get("started_monotonic")]
+
+
+def _last_tree(cs: list[tuple[float, dict]]) -> list[tuple[float, dict]]:
+    """The samples since the class was last created: a scenario replaces the tree, counters restart."""
+    start = 0
+    for j in range(1, len(cs)):
+        if (cs[j][1].get("bytes") or 0) < (cs[j - 1][1].get("bytes") or 0):
+            start = j
+    return cs[start:]
+
+
+def per_scenario(results_path: str, path: str, names: tuple[str, ...] = ("tenant-a", "tenant-b")) -> None:
+    from shaperd.core.ids import assign_minors
+
+    label = {f"7368:{m:x}": n for n, m in assign_minors(list(names)).items()}
+    rows = [r for r in _load(path) if r["classes"]]
+    with open(results_path) as f:
+        results = json.load(f)
+    print("| round | scenario | mode | class | Mbit/s (kernel) | max 1 s Mbit/s | drops | overlimits | "
+          "max backlog (B) | mean backlog (B) | samples with backlog |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for i, d, t0, t1 in windows(results):
+        sel = [r for r in rows if t0 <= r["t"] <= t1]
+        if len(sel) < 2:
+            continue
+        for handle, name in sorted(label.items(), key=lambda kv: kv[1]):
+            cs = [(r["t"], next((c for c in r["classes"] if c["handle"] == handle), None)) for r in sel]
+            cs = _last_tree([(t, c) for t, c in cs if c is not None])
+            if len(cs) < 2:
+                continue
+            span = cs[-1][0] - cs[0][0]
+            rate = 8 * (cs[-1][1]["bytes"] - cs[0][1]["bytes"]) / span / 1e6 if span > 0 else 0.0
+            best = 0.0
+            for j, (tj, cj) in enumerate(cs):
+                k = next((k for k in range(j + 1, len(cs)) if cs[k][0] - tj >= 1.0), None)
+                if k is not None:
+                    best = max(best, 8 * (cs[k][1]["bytes"] - cj["bytes"]) / (cs[k][0] - tj) / 1e6)
+            backlogs = [c.get("backlog") or 0 for _, c in cs]
+            d_ = lambda key: (cs[-1][1].get(key) or 0) - (cs[0][1].get(key) or 0)  # noqa: E731
+            print(f"| {i + 1} | {d['scenario']} | {d['mode']} | {name} | {rate:,.0f} | {best:,.0f} | {d_('drops'):,} | "
+                  f"{d_('overlimits'):,} | {max(backlogs):,} | {sum(backlogs) / len(backlogs):,.0f} | "
+                  f"{sum(1 for b in backlogs if b) }/{len(backlogs)} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--every", type=float, default=0.25)
     ap.add_argument("--deadline", type=float, default=900.0)
     ap.add_argument("--summary", action="store_true", help="print the summary of an existing --out file")
+    ap.add_argument("--per-scenario", metavar="RESULTS", help="bench/isolation.py's --json-out: print the "
+                    "--out file's samples per scenario, mode and tenant class")
     args = ap.parse_args(argv)
+    if args.per_scenario:
+        per_scenario(args.per_scenario, args.out)
+        return 0
     if args.summary:
         summary(args.out)
         return 0

@@ -158,6 +158,16 @@ def busy_loops(n: int, deadline_s: float):
             p.wait(timeout=10)
 
 
+def bed_check(single_mbit: list[float], link_mbit: float) -> str:
+    """Whether the link, not the machine's CPU, bounded one unshaped tenant: only then do the figures measure a shaper."""
+    if not single_mbit:
+        return ""
+    worst = min(single_mbit) / (link_mbit * 1448 / 1514)
+    verdict = ("the link bounded it: the bed measures the shaper" if worst >= 0.95 else
+               "below 95 %: the senders' CPU, not the link, bounded it in at least one round")
+    return f"Bed check: the lowest of those is {100 * worst:.1f} % of the link's TCP payload rate ({verdict})."
+
+
 def loadavg() -> str:
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
@@ -246,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
            f"{a.repeats} round(s), {a.duration:g} s per measurement; {os.cpu_count()} cores, Linux "
            f"{platform.release()}, {iperf}. Figures are mean ± stdev (min..max) over rounds.  ",
            f"Single unshaped tenant through the bed: {_stat(single, 0)} Mbit/s goodput "
-           f"({a.link} Mbit/s TBF; TCP payload is at most 1448/1514 = 95.6 % of it).  ",
+           f"({a.link} Mbit/s TBF; TCP payload is at most 1448/1514 = 95.6 % of it). {bed_check(single, a.link)}  ",
            f"Load average (1/5/15 min) at each round's start and at the end: {'; '.join(loads)}; "
            f"busy loops: {a.busy_loops}; traffic nice: {a.traffic_nice}; senders pinned: {a.pin_senders or 'no'}.", "",
            "Source design's table (tenant % = goodput vs the same tenant alone unshaped; link % = goodput / link):", "",

@@ -112,6 +112,7 @@ class ScenarioResult:
     extra: dict[str, Any] = field(default_factory=dict)
     shaping: Any = None               # config dict or tc command lines
     elapsed_s: float = 0.0
+    started_monotonic: float = 0.0    # CLOCK_MONOTONIC at its start: joins bench/class_sampler.py's samples
     error: str | None = None
     qdiscs: dict[str, Any] = field(default_factory=dict)  # uplink/wire counter deltas
     cpu: dict[str, Any] = field(default_factory=dict)  # cpustat.delta over the measurement(s): per CPU and "cpu"
@@ -391,5 +392,6 @@ def run_all(bed: "Bed", settings: Settings | None = None, *, scenarios: tuple[st
                 res = ScenarioResult(sc, mode, sc, bed.link_bps, {}, error=str(e))
                 bed.clear_node_shaping()
             res.elapsed_s = time.monotonic() - t0
+            res.started_monotonic = t0
             out.append(res)
     return out
