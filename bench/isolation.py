@@ -42,8 +42,10 @@ def _stat(vals: list[float | None], nd: int = 1, unit: str = "") -> str:
 
 
 def one_round(link_mbit: int, settings: Settings, scenarios, modes, log, *, traffic_nice: int | None = None,
-              sender_cpus: tuple[int, ...] = ()) -> list[dict]:
-    with Bed(BedConfig(link_mbit=link_mbit, traffic_nice=traffic_nice, sender_cpus=sender_cpus)) as bed:
+              sender_cpus: tuple[int, ...] = (), zerocopy: bool = False) -> list[dict]:
+    cfg = BedConfig(link_mbit=link_mbit, traffic_nice=traffic_nice, sender_cpus=sender_cpus,
+                    sender_zerocopy=zerocopy)
+    with Bed(cfg) as bed:
         log(f"bed {bed.run_id}")
         res = run_all(bed, settings, scenarios=scenarios, modes=modes, progress=log)
     return [r.to_dict() for r in res]
@@ -210,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run every traffic process at nice N (e.g. -15): the bed, not other load, gets the CPU")
     ap.add_argument("--pin-senders", default="", metavar="CPUS",
                     help="pin tenant i's senders to the i-th CPU of this comma-separated list (e.g. 0,1)")
+    ap.add_argument("--zerocopy", action="store_true",
+                    help="TCP senders use sendfile (iperf3 -Z): less CPU per bit in the senders")
     ap.add_argument("--busy-loops", type=int, default=0, metavar="N",
                     help="keep N CPU-bound loops running for the whole run (a busy machine, reproducibly)")
     a = ap.parse_args(argv)
@@ -242,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 st = Settings(duration=a.duration, capacity_bps=cap, flood_flows=a.flood_flows,
                               victim_flows=a.victim_flows)
                 rounds.append(one_round(a.link, st, scenarios, m, log, traffic_nice=a.traffic_nice,
-                                        sender_cpus=pins))
+                                        sender_cpus=pins, zerocopy=a.zerocopy))
             by_cap[cap if cap else a.link * 1e6] = rounds
         loads.append(loadavg())
     shown = tuple(m for m in ("shaperd", "hand-tc") if m in modes)
@@ -258,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
            f"Single unshaped tenant through the bed: {_stat(single, 0)} Mbit/s goodput "
            f"({a.link} Mbit/s TBF; TCP payload is at most 1448/1514 = 95.6 % of it). {bed_check(single, a.link)}  ",
            f"Load average (1/5/15 min) at each round's start and at the end: {'; '.join(loads)}; "
-           f"busy loops: {a.busy_loops}; traffic nice: {a.traffic_nice}; senders pinned: {a.pin_senders or 'no'}.", "",
+           f"busy loops: {a.busy_loops}; traffic nice: {a.traffic_nice}; senders pinned: {a.pin_senders or 'no'}; "
+           f"zerocopy senders: {'yes' if a.zerocopy else 'no'}.", "",
            "Source design's table (tenant % = goodput vs the same tenant alone unshaped; link % = goodput / link):", "",
            source_table(first, shown), "", "Targets (L2 rate as tc accounts it):", "", targets_table(first, shown), "",
            "Per scenario (G = guarantee, L = limit):", "", detail_table(first), "",

@@ -103,6 +103,9 @@ class BedConfig:
     # i-th tenant's senders to ``sender_cpus[i % len]`` (servers stay unpinned). Off by default.
     traffic_nice: int | None = None
     sender_cpus: tuple[int, ...] = ()
+    # iperf3 -Z: TCP senders use sendfile, so the kernel sends from the page cache without copying
+    # each byte from user space first: less CPU per bit in the sender, the same traffic on the wire.
+    sender_zerocopy: bool = False
 
     def tbf_burst(self) -> int:
         if self.tbf_burst_bytes:

@@ -168,6 +168,8 @@ def measure(bed: "Bed", loads: list[Load], *, name: str = "m", slack: float = 20
                     argv += ["-O", _fmt_num(ld.omit)]
                 if ld.reverse:
                     argv.append("-R")
+                if bed.config.sender_zerocopy:
+                    argv.append("-Z")
                 ext = "client.json"
             elif isinstance(ld, UdpFlood):
                 argv = [sys.executable, UDP_SCRIPT, "send", "--dst", bed.recv_addr,

@@ -161,6 +161,27 @@ def test_traffic_comes_from_the_tenant_pods(bed):
     assert not bed.procs.live()
 
 
+def test_scheduled_zerocopy_senders_still_carry_traffic(monkeypatch):
+    """A bed told how to schedule its traffic starts every process under nice (senders also pinned, TCP
+    senders with iperf3 -Z) and the traffic still gets through; how much faster that is, is the benchmark's."""
+    with Bed(BedConfig(link_mbit=1000, traffic_nice=5, sender_cpus=(0,), sender_zerocopy=True)) as b:
+        started = []
+        real = b.procs.spawn
+
+        def spawn(argv, netns=None, **kw):
+            started.append(list(argv))
+            return real(argv, netns, **kw)
+
+        monkeypatch.setattr(b.procs, "spawn", spawn)
+        r = measure(b, [TcpLoad("a", 2, 1.0, interval=0.5)], name="sched")
+        assert r["a"].received_bps > 0
+        client = next(a for a in started if "-c" in a)
+        server = next(a for a in started if "-s" in a)
+        assert client[:6] == ["nice", "-n", "5", "taskset", "-c", "0"] and "-Z" in client
+        assert server[:3] == ["nice", "-n", "5"] and "taskset" not in server and "-Z" not in server
+    _assert_gone(b)
+
+
 def test_hand_tc_classifies_each_tenant(bed):
     shaping.program_hand_tc(bed)
     try:
