@@ -51,10 +51,13 @@ def test_per_scenario_cuts_samples_at_each_scenario_and_restarts_with_each_tree(
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = tmp_path / "r.json"
     res.write_text(json.dumps({"1e10": [[
-        {"scenario": "together", "mode": "shaperd", "started_monotonic": 10.0, "elapsed_s": 2.0},
+        {"scenario": "together", "mode": "shaperd", "started_monotonic": 10.0, "elapsed_s": 2.0,
+         "tenants": {"a": {"limit_bps": 800e6}}},  # 1 Gbit/s through it: 25 % over its limit
         {"scenario": "pressure", "mode": "shaperd", "started_monotonic": 20.0, "elapsed_s": 2.5},
         {"scenario": "old", "mode": "shaperd", "elapsed_s": 1.0}]]}))  # no start recorded: left out
     sampler.per_scenario(str(res), str(out))
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 1 ")]
-    assert lines == ["| 1 | together | shaperd | tenant-a | 1,000 | 1,000 | 0 | 0 | 4,000 | 1,333 | 1/3 |",
-                     "| 1 | pressure | shaperd | tenant-a | 500 | 500 | 4 | 0 | 0 | 0 | 0/3 |"]
+    text = capsys.readouterr().out
+    lines = [ln for ln in text.splitlines() if ln.startswith("| 1 ")]
+    assert lines == ["| 1 | together | shaperd | tenant-a | 1,000 | 1,000 | 25.0 | 0 | 0 | 4,000 | 1,333 | 1/3 |",
+                     "| 1 | pressure | shaperd | tenant-a | 500 | 500 | - | 4 | 0 | 0 | 0 | 0/3 |"]
+    assert "as the class counted it: 25.0 % (round 1, together, tenant-a)" in text
