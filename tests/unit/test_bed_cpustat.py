@@ -58,3 +58,34 @@ def test_traffic_runs_as_is_unless_the_bed_is_told_how_to_schedule_it():
     assert bed.traffic_argv(argv) == ["nice", "-n", "-15", *argv]
     one = Bed(BedConfig(sender_cpus=(1,)))
     assert one.traffic_argv(argv, "a") == one.traffic_argv(argv, "b") == ["taskset", "-c", "1", *argv]
+
+
+def test_the_eight_tenants_fit_the_link_and_set_priority_against_flow_count():
+    from shaperd_bed import many
+
+    ts = many.eight_tenants()
+    assert len(ts) == 8 and len({t.subnet_octet for t in ts}) == 8 and len({t.short for t in ts}) == 8
+    assert abs(sum(t.guarantee for t in ts) - 0.90) < 1e-9 and all(t.limit == 1.0 for t in ts)
+    # a 1-flow tenant of low priority beside 8-flow tenants of higher priority: the hard case
+    low1 = [t for t in ts if many.flows_of(t.short) == 1]
+    assert low1 and all(any(u.priority > t.priority and many.flows_of(u.short) == 8 for u in ts) for t in low1)
+    for t in ts:  # interface names stay under the kernel's 15 characters
+        assert all(len(n) <= 15 for n in Bed(BedConfig(tenants=ts)).interfaces())
+
+
+def test_eight_tenant_figures_judge_the_steady_rate_against_each_guarantee():
+    from shaperd_bed import many
+    from shaperd_bed.parse import IperfResult, Sample
+
+    bed = Bed(BedConfig(link_mbit=1000, tenants=many.eight_tenants()))
+    res = {}
+    for t in bed.config.tenants:
+        g = t.guarantee * bed.link_bps * 1448 / 1514  # exactly the guarantee on the wire, as goodput
+        # a slow first 0.5 s (left out as warm-up), then the guarantee; t3 gets only half of it
+        rate = g / 2 if t.short == "t3" else g
+        samples = [Sample(0.0, 0.5, rate / 10)] + [Sample(0.5 + i / 10, 0.6 + i / 10, rate) for i in range(20)]
+        res[t.short] = IperfResult("TCP", many.flows_of(t.short), 2.5, rate, rate, mss=1448, samples=samples)
+    figs = many.figures(bed, res, warmup_s=0.5)
+    assert abs(figs["t0"]["attainment"] - 1.0) < 1e-6 and abs(figs["t3"]["attainment"] - 0.5) < 1e-6
+    out = many.Outcome("shaperd", figs, {})
+    assert out.worst[0] == "t3" and abs(out.worst[1] - 0.5) < 1e-6
