@@ -47,8 +47,9 @@ def test_source_design_plan_on_100g_uplink():
     assert (root.classid, root.rate_bps, root.ceil_bps) == (classid(1), 98 * G, 98 * G)
     default = next(c for c in dp.classes if c.classid == classid(DEFAULT_CLASS_MINOR))
     assert default.rate_bps == 980 * 10**6 and default.ceil_bps == 98 * G and default.prio == 7  # 1 % reserve
-    # Burst sized from rate (1 ms), quantum proportional to rate.
-    assert a.burst_bytes == 5_000_000 and a.cburst_bytes == 7_500_000
+    # Burst sized from rate (10 ms: a paused tenant catches up), cburst from ceil (1 ms: the limit
+    # holds), quantum proportional to rate.
+    assert a.burst_bytes == 50_000_000 and a.cburst_bytes == 7_500_000
     assert a.quantum_bytes == 2 * b.quantum_bytes
 
 
@@ -186,7 +187,7 @@ def test_render_golden():
     a = f"7368:{dp.tenant_classes['tenant-a'] & 0xFFFF:x}"
     assert "tc qdisc replace dev eth0 root handle 7368: htb default 2" in text
     assert (f"tc class replace dev eth0 parent 7368:1 classid {a} htb rate 40gbit ceil 60gbit "
-            "burst 5000000b cburst 7500000b quantum 500000 prio 0") in text
+            "burst 50000000b cburst 7500000b quantum 500000 prio 0") in text
     assert f"tc filter add dev eth0 parent 7368: protocol ipv6 prio 2064 u32 match ip6 src 2001:db8:1::/64 flowid {a}" in text
     assert "# cls_bpf shpd_" in text and "[veth-a1]" in text
 
