@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 
-from shaperd.core.buildinfo import build_info
 from shaperd.core.exitcodes import EXIT_OK
 
 SHELLS = ("bash", "zsh")
 
 
 def version_text(info: dict | None = None) -> str:
+    # Imported here: buildinfo needs importlib.metadata (email, zipfile, csv: ~45 modules), and this module is
+    # imported by every command line (cli/main.py), which needs it only for --version.
+    from shaperd.core.buildinfo import build_info
+
     i = build_info() if info is None else info
     return (f"shaperd {i['version']} (commit {i['commit'] or 'unknown'}"
             + (f", built {i['built']}" if i.get("built") else "")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 
@@ -57,6 +56,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, edit: bool = Fal
     where this process may chown, as an editor would leave it)."""
     target = Path(os.path.realpath(path)) if edit else path
     old = _stat(target) if edit else None
+    import tempfile  # here, not at the top: this module's readers (status reads the label files) never write
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as e:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
+from typing import TYPE_CHECKING
 
 from shaperd.core.podcaps import REASONS, InvalidAnnotation
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
 
 FAMILY = "shaperd_pod_annotation_invalid"  # prometheus_client adds _total to a counter's samples
 HELP = ("Pod bandwidth annotation values refused (kubernetes.io/egress-bandwidth, ingress-bandwidth), by reason, "
@@ -70,11 +71,15 @@ class AnnotationLedger:
         return _LedgerCollector(self)
 
 
-class _LedgerCollector(Collector):
+class _LedgerCollector:  # prometheus_client's Collector is a Protocol: collect() is all it needs
     def __init__(self, ledger: AnnotationLedger):
         self.ledger = ledger
 
     def collect(self):
+        # Imported here: prometheus_client (http.server, wsgiref, urllib.request: ~40 modules) is the daemon's,
+        # which serves metrics, not every command that opens a reconciler (status, diff; BENCHMARKS.md "status cost").
+        from prometheus_client.core import CounterMetricFamily
+
         fam = CounterMetricFamily(FAMILY, HELP, labels=["reason"])
         for reason, n in sorted(self.ledger.counts().items()):
             fam.add_metric([reason], n)
