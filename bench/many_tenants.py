@@ -97,7 +97,8 @@ def cpu_line(rounds: list[dict]) -> str:
             f"{_stat(c('shaperd', 'busy'), 0)} %, softirq {_stat(c('shaperd', 'softirq'), 0)} %, steal "
             f"{_stat(c('shaperd', 'steal'), 1)} %, ksoftirqd "
             f"{_stat([r['shaperd']['cpu'].get('ksoftirqd_s') for r in rounds], 2)} s; uplink drops under shaperd "
-            f"{_stat([r['shaperd']['uplink_drops'] for r in rounds], 0)}.")
+            f"{_stat([r['shaperd']['uplink_drops'] for r in rounds], 0)}, in the wire's TBF "
+            f"{_stat([r['shaperd'].get('wire_drops') for r in rounds], 0)}.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,7 +48,8 @@ class Outcome:
     mode: str
     tenants: dict[str, dict]     # short -> guarantee_bps, flows, priority, wire_bps, attainment, sent/cpu
     cpu: dict
-    uplink_drops: int | None = None
+    uplink_drops: int | None = None   # in the node's qdiscs (the shaper's leaves)
+    wire_drops: int | None = None     # in the wire's TBF (the emulated NIC's queue overflowed)
 
     @property
     def worst(self) -> tuple[str, float] | None:
@@ -61,7 +62,7 @@ class Outcome:
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "tenants": self.tenants, "cpu": self.cpu, "uplink_drops": self.uplink_drops,
-                "worst": self.worst, "total_goodput_bps": self.total_goodput_bps}
+                "wire_drops": self.wire_drops, "worst": self.worst, "total_goodput_bps": self.total_goodput_bps}
 
 
 def figures(bed: "Bed", results: dict[str, IperfResult], warmup_s: float) -> dict[str, dict]:
@@ -99,8 +100,8 @@ def run(bed: "Bed", mode: str, *, duration_s: float, warmup_s: float = 0.5, capa
     finally:
         if mode == "shaperd":
             shaping.unprogram_node(bed)
-    drops = delta.get("uplink", {}).get("drops")
-    return Outcome(mode, figures(bed, res, warmup_s), cpu, drops)  # type: ignore[arg-type]
+    return Outcome(mode, figures(bed, res, warmup_s), cpu, delta.get("uplink", {}).get("drops"),  # type: ignore[arg-type]
+                   delta.get("wire", {}).get("drops"))
 
 
 def single_unshaped(bed: "Bed", duration_s: float) -> float:
