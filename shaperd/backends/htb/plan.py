@@ -67,8 +67,9 @@ class HtbSettings:
     # receiver waiting for a CPU on a busy node, one TCP flow between window updates) loses what
     # it did not send in that pause to the tenants borrowing, unless its bucket can hold it: with
     # 10 ms it catches up, as fast as its ceil bucket lets it. Eight tenants at 5 Gbit/s beside two
-    # busy loops: the worst tenant got 93.4-99.3 % of its guarantee with 1 ms, 98.4-100.1 % with
-    # 10 ms (BENCHMARKS.md, "Isolation at 1, 5 and 10 Gbit/s"). The limit is the ceil bucket's.
+    # busy loops: the worst tenant got 93.4-99.9 % of its guarantee with 1 ms (5 of 18 rounds under
+    # 98 %), 98.4-100.1 % with 10 ms (none of 15; BENCHMARKS.md, "Isolation at 1, 5 and 10 Gbit/s").
+    # The limit is the ceil bucket's.
     burst_us: int = 10_000
     # ...but never less than two GSO super-packets, or a slow class stalls.
     min_burst_bytes: int = 2 * GSO_MAX_BYTES
