@@ -81,17 +81,20 @@ def targets_table(rounds: list[list[dict]], modes: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def _per_key(rounds: list[list[dict]]):
+    """(key, scenario, mode, that result of every round without an error), in the first round's order."""
+    for key in (f"{d['scenario']}/{d['mode']}" for d in rounds[0]):
+        ds = [report.index(r).get(key) for r in rounds]
+        yield (key, *key.split("/"), [d for d in ds if d and not d.get("error")])
+
+
 def detail_table(rounds: list[list[dict]]) -> str:
-    keys = [f"{d['scenario']}/{d['mode']}" for d in rounds[0]]
     lines = ["| scenario | mode | A goodput Mbit/s | B goodput Mbit/s | A % of G | B % of G | worst 1 s over L | "
              "wire TBF drops | notes |", "|---|---|---|---|---|---|---|---|---|"]
-    for key in keys:
-        ds = [report.index(r).get(key) for r in rounds]
-        ds = [d for d in ds if d and not d.get("error")]
+    for key, sc, mode, ds in _per_key(rounds):
         if not ds:
-            lines.append(f"| {key.split('/')[0]} | {key.split('/')[1]} | error | | | | | | |")
+            lines.append(f"| {sc} | {mode} | error | | | | | | |")
             continue
-        sc, mode = key.split("/")
 
         def tv(k, f):
             return [d["tenants"][k].get(f) if k in d["tenants"] else None for d in ds]
@@ -116,15 +119,12 @@ def detail_table(rounds: list[list[dict]]) -> str:
 
 def cpu_table(rounds: list[list[dict]]) -> str:
     """Where the CPU went in each scenario's last measurement, and what each sender offered and got."""
-    keys = [f"{d['scenario']}/{d['mode']}" for d in rounds[0]]
     lines = ["| scenario | mode | machine busy % | softirq % | steal % | ksoftirqd CPU s | A sender CPU % | "
              "B sender CPU % | A sent / got Mbit/s | B sent / got Mbit/s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for key in keys:
-        ds = [report.index(r).get(key) for r in rounds]
-        ds = [d for d in ds if d and not d.get("error") and d.get("cpu")]
+    for _key, sc, mode, ds in _per_key(rounds):
+        ds = [d for d in ds if d.get("cpu")]
         if not ds:
             continue
-        sc, mode = key.split("/")
 
         def c(f):
             return [d["cpu"].get("cpu", {}).get(f) for d in ds]
