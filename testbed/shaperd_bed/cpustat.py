@@ -13,7 +13,7 @@ The proc root is a parameter so the unit tests run on a fixture tree.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
@@ -25,7 +25,6 @@ class Snapshot:
     cpus: dict[str, tuple[int, ...]]
     ksoftirqd_s: float
     clk_tck: int = 100
-    extra: dict = field(default_factory=dict)
 
 
 def _ksoftirqd_seconds(proc: str, clk_tck: int) -> float:

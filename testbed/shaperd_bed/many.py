@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import cpustat, shaping
 from .parse import IperfResult, mean_rate
+from .scenarios import Counters, Settings, Shaper, measure_counted
 from .topology import TenantSpec
 from .traffic import TcpLoad, measure
 
@@ -81,27 +81,13 @@ def figures(bed: "Bed", results: dict[str, IperfResult], warmup_s: float) -> dic
 
 def run(bed: "Bed", mode: str, *, duration_s: float, warmup_s: float = 0.5, capacity_bps: float | None = None,
         reserve_bps: float | None = 10e6) -> Outcome:
-    """All eight send at once for *duration_s* in *mode* (``none`` or ``shaperd``)."""
-    bed.clear_node_shaping()
-    cap = capacity_bps or bed.link_bps
-    if mode == "shaperd":
-        cfg = shaping.shaperd_config(bed, capacity_bps=cap, reserve_bps=reserve_bps,
-                                     limits={t.short: cap for t in bed.config.tenants})
-        shaping.program_node(bed, cfg)
-    elif mode != "none":
-        raise ValueError(f"unknown mode {mode!r}")
-    try:
-        before = shaping.qdisc_counters(bed)
-        c0 = cpustat.snapshot()
-        res = measure(bed, [TcpLoad(t.short, flows_of(t.short), duration_s, interval=0.1)
-                            for t in bed.config.tenants], name=f"eight-{mode}")
-        cpu = cpustat.delta(c0, cpustat.snapshot())
-        delta = shaping.counters_delta(before, shaping.qdisc_counters(bed))
-    finally:
-        if mode == "shaperd":
-            shaping.unprogram_node(bed)
-    return Outcome(mode, figures(bed, res, warmup_s), cpu, delta.get("uplink", {}).get("drops"),  # type: ignore[arg-type]
-                   delta.get("wire", {}).get("drops"))
+    """All eight send at once for *duration_s* in *mode* (``none`` or ``shaperd``), limits raised to capacity."""
+    q = Counters()
+    with Shaper().mode(bed, mode, Settings(capacity_bps=capacity_bps, reserve_bps=reserve_bps), raised=True):
+        res = measure_counted(bed, [TcpLoad(t.short, flows_of(t.short), duration_s, interval=0.1)
+                                    for t in bed.config.tenants], f"eight-{mode}", q)
+    return Outcome(mode, figures(bed, res, warmup_s), q.cpu, q.qdiscs.get("uplink", {}).get("drops"),
+                   q.qdiscs.get("wire", {}).get("drops"))
 
 
 def single_unshaped(bed: "Bed", duration_s: float) -> float:

@@ -192,7 +192,7 @@ class Counters:
     cpu: dict = field(default_factory=dict)
 
 
-def _measure(bed: "Bed", loads, name: str, q: Counters) -> dict:
+def measure_counted(bed: "Bed", loads, name: str, q: Counters) -> dict:
     """measure() plus where the queue formed (uplink vs wire qdisc counters) and where the CPU went."""
     before = shaping.qdisc_counters(bed)
     c0 = cpustat.snapshot()
@@ -247,7 +247,7 @@ def run_alone(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioRes
     flows = {"a": s.flows_a, "b": s.flows_b}
     with shaper.mode(bed, mode, s) as applied:
         for t in bed.config.tenants:
-            r = _measure(bed, [TcpLoad(t.short, flows.get(t.short, 4), s.duration, interval=s.interval)],
+            r = measure_counted(bed, [TcpLoad(t.short, flows.get(t.short, 4), s.duration, interval=s.interval)],
                          f"alone-{t.short}-{mode}", q)
             figs[t.short] = _figure(bed, t.short, r[t.short], s, None, False, mode != "none")
     return ScenarioResult("alone", mode, "each tenant alone", bed.link_bps, figs, shaping=applied,
@@ -257,7 +257,7 @@ def run_alone(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioRes
 def run_together(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResult:
     q = Counters()
     with shaper.mode(bed, mode, s) as applied:
-        r = _measure(bed, [TcpLoad("a", s.flows_a, s.duration, interval=s.interval),
+        r = measure_counted(bed, [TcpLoad("a", s.flows_a, s.duration, interval=s.interval),
                           TcpLoad("b", s.flows_b, s.duration, interval=s.interval)], f"together-{mode}", q)
     shaped = mode != "none"
     figs = {k: _figure(bed, k, r[k], s, None, True, shaped) for k in ("a", "b")}
@@ -269,7 +269,7 @@ def run_pressure(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> Scenario
     limits = _limits_for(bed, s, True)
     q = Counters()
     with shaper.mode(bed, mode, s, raised=True) as applied:
-        r = _measure(bed, [TcpLoad("a", s.flood_flows, s.duration, interval=s.interval),
+        r = measure_counted(bed, [TcpLoad("a", s.flood_flows, s.duration, interval=s.interval),
                           TcpLoad("b", s.victim_flows, s.duration, interval=s.interval)], f"pressure-{mode}", q)
     shaped = mode != "none"
     figs = {k: _figure(bed, k, r[k], s, limits, True, shaped) for k in ("a", "b")}
@@ -282,7 +282,7 @@ def run_udp(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> ScenarioResul
     rate = s.udp_factor * bed.link_bps
     q = Counters()
     with shaper.mode(bed, mode, s, raised=True) as applied:
-        r = _measure(bed, [UdpFlood("a", rate, s.duration, interval=s.interval),
+        r = measure_counted(bed, [UdpFlood("a", rate, s.duration, interval=s.interval),
                           TcpLoad("b", s.victim_flows, s.duration, interval=s.interval)], f"udp-{mode}", q)
     shaped = mode != "none"
     figs = {"a": _figure(bed, "a", r["a-udp"], s, limits, False, shaped),
@@ -297,7 +297,7 @@ def run_converge(bed: "Bed", mode: str, s: Settings, shaper: Shaper) -> Scenario
     total = s.converge_lead + s.converge_after
     q = Counters()
     with shaper.mode(bed, mode, s, raised=True) as applied:
-        r = _measure(bed, [TcpLoad("a", s.flood_flows, total, interval=s.interval),
+        r = measure_counted(bed, [TcpLoad("a", s.flood_flows, total, interval=s.interval),
                           TcpLoad("b", s.victim_flows, s.converge_after, start=s.converge_lead,
                                   interval=s.interval)], f"converge-{mode}", q)
     shaped = mode != "none"
@@ -325,7 +325,7 @@ def run_latency(bed: "Bed", mode: str, s: Settings, shaper: Shaper, idle: RttSta
                 ) -> ScenarioResult:
     q = Counters()
     with shaper.mode(bed, mode, s) as applied:
-        r = _measure(bed, [TcpLoad("a", s.flood_flows, s.duration, interval=s.interval),
+        r = measure_counted(bed, [TcpLoad("a", s.flood_flows, s.duration, interval=s.interval),
                            RttProbe("b", s.duration - 0.5, start=0.5, every=s.probe_every)],
                      f"latency-{mode}", q)
     shaped = mode != "none"
